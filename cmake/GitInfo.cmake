@@ -1,0 +1,19 @@
+# Writes OUTPUT with the commit of SOURCE_DIR and whether the tree was dirty; rewrites the file
+# only when it changes so that an unchanged commit triggers no rebuild.
+execute_process(COMMAND git -C ${SOURCE_DIR} rev-parse HEAD
+                OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  set(commit "unknown")
+endif()
+execute_process(COMMAND git -C ${SOURCE_DIR} status --porcelain --untracked-files=no
+                OUTPUT_VARIABLE dirty OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+if(dirty)
+  set(commit "${commit}-dirty")
+endif()
+set(content "#pragma once\n#define HARNESS_GIT_COMMIT \"${commit}\"\n")
+if(EXISTS ${OUTPUT})
+  file(READ ${OUTPUT} old)
+endif()
+if(NOT "${old}" STREQUAL "${content}")
+  file(WRITE ${OUTPUT} "${content}")
+endif()

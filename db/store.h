@@ -1,0 +1,154 @@
+#pragma once
+// The harness's SQLite store: envs, experiments, runs, trials, metrics, artifacts.
+// Torch-free. WAL mode and a busy timeout so several harness processes can write one db.
+// The schema carries a version (PRAGMA user_version) and is migrated forward on open.
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+struct sqlite3;
+
+namespace harness::db {
+
+//! A failure of the store itself (cannot open, corrupt, schema newer than this binary).
+class DbError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+//! The schema version this binary writes.
+int current_schema_version();
+
+//! One measured value.
+struct Metric {
+  std::string variant;                          //!< "fused", "dense", or "" for run-level values
+  nlohmann::json point = nlohmann::json::object();  //!< sweep point ({} without a sweep)
+  std::string name;                             //!< "bwd_peak_bytes", "fwd_ms", ...
+  double value = 0.0;
+  std::string unit;                             //!< "bytes", "ms", "", ...
+  int repeat = -1;                              //!< repeat index, or -1 for a summary value
+};
+
+//! One isolated trial (one child process) and how it ended.
+struct Trial {
+  int64_t id = 0;
+  int64_t run_id = 0;
+  std::string variant;
+  nlohmann::json point = nlohmann::json::object();
+  std::string status;        //!< ok, oom, unsupported, error, crashed, timeout, interrupted
+  std::optional<int> exit_code;
+  std::optional<int> signal;
+  std::string error;         //!< error message (exception text, OOM message, reason)
+  std::string stderr_tail;   //!< last lines the child wrote to stderr
+  std::optional<int64_t> requested_bytes;  //!< OOM: bytes the failing allocation asked for
+  nlohmann::json dispatch = nlohmann::json::array();  //!< dispatch records
+  double duration_s = 0.0;
+  std::string started_at;    //!< ISO 8601 UTC
+};
+
+//! A stored artifact (capsule, log): content-addressed file beside the db.
+struct Artifact {
+  int64_t id = 0;
+  int64_t run_id = 0;
+  std::optional<int64_t> trial_id;
+  std::string kind;    //!< "capsule", "log", ...
+  std::string sha256;
+  std::string path;    //!< relative to the db's folder
+  int64_t bytes = 0;
+};
+
+//! A run of one experiment.
+struct Run {
+  int64_t id = 0;
+  std::string experiment;   //!< experiment name
+  int64_t experiment_id = 0;
+  std::string spec_hash;
+  std::string env_id;
+  std::string device;       //!< "cpu", "cuda:2"
+  std::string profile;      //!< "" or "cpu"
+  std::string status;       //!< running, ok, failed, interrupted
+  std::string verdict;      //!< FUSED, DENSE, INVALID, ... ("" while running)
+  nlohmann::json evidence = nlohmann::json::object();  //!< why the verdict (rule, values)
+  nlohmann::json args = nlohmann::json::object();      //!< command line, --set overrides
+  std::string error;
+  std::string started_at;
+  std::string finished_at;
+  std::optional<int64_t> replay_of;  //!< run this one replays
+};
+
+//! Everything about one run, for `show`, diff and writeup.
+struct RunDetail {
+  Run run;
+  nlohmann::json env = nlohmann::json::object();
+  nlohmann::json spec = nlohmann::json::object();
+  std::vector<Trial> trials;
+  std::vector<Metric> metrics;
+  std::vector<Artifact> artifacts;
+};
+
+//! Filter for list_runs.
+struct RunFilter {
+  std::optional<std::string> experiment;
+  bool failed_only = false;  //!< status not ok
+  int limit = 50;
+};
+
+//! An experiment as stored (one row per distinct spec).
+struct ExperimentRow {
+  int64_t id = 0;
+  std::string name;
+  std::string spec_hash;
+  std::string created_at;
+};
+
+//! Connection to one db file. Not shared between threads; open one per thread/process.
+class Store {
+ public:
+  //! Opens (creating if needed) and migrates the db at `path`. Throws DbError.
+  explicit Store(const std::string& path);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  int schema_version() const;
+  const std::string& path() const { return path_; }
+
+  //! Stores an env fingerprint; id = sha256 of its canonical JSON. Returns the id.
+  std::string put_env(const nlohmann::json& env);
+  //! Stores an experiment spec (deduplicated by name + sha256 of canonical JSON). Returns its id.
+  int64_t put_experiment(const std::string& name, const nlohmann::json& spec);
+  //! Starts a run (status "running"). Fills run.id and returns it.
+  int64_t begin_run(Run& run);
+  //! Records a finished trial with its metrics, in one transaction. Fills trial.id.
+  int64_t add_trial(Trial& trial, const std::vector<Metric>& metrics);
+  //! Run-level metrics (variant may be "").
+  void add_metrics(int64_t run_id, const std::vector<Metric>& metrics);
+  //! Fills artifact.id and returns it.
+  int64_t add_artifact(Artifact& artifact);
+  //! Ends a run with its status, verdict and evidence.
+  void finish_run(int64_t run_id, const std::string& status, const std::string& verdict,
+                  const nlohmann::json& evidence, const std::string& error = "");
+
+  std::vector<Run> list_runs(const RunFilter& filter = {}) const;
+  std::optional<RunDetail> get_run(int64_t run_id) const;
+  std::optional<nlohmann::json> get_env(const std::string& env_id) const;
+  std::vector<ExperimentRow> list_experiments() const;
+
+ private:
+  std::string path_;
+  sqlite3* db_ = nullptr;
+};
+
+//! sha256 of bytes, lowercase hex.
+std::string sha256_hex(const std::string& bytes);
+//! Canonical JSON text (sorted keys, no spaces) used for hashing.
+std::string canonical_json(const nlohmann::json& value);
+//! Current time as ISO 8601 UTC with milliseconds ("2026-11-29T10:00:00.123Z").
+std::string now_iso8601();
+
+}  // namespace harness::db

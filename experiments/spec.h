@@ -1,0 +1,123 @@
+#pragma once
+// Experiment specs: parse, apply profile and --set overrides, validate completely (every error
+// at once, each naming the file, the JSON path and what was expected), and evaluate the verdict
+// rule. Torch-free.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/mask_desc.h"
+
+namespace harness::spec {
+
+//! One problem found in a spec.
+struct SpecIssue {
+  std::string source;   //!< file path, with "(--set a.b=c)" when an override caused it
+  std::string path;     //!< JSON path, e.g. "dims.heads" or "variants.fused.impl"
+  std::string message;  //!< what was expected and what was found
+  std::string to_string() const;  //!< "source: path: message"
+};
+
+//! Thrown with every problem of a spec; the CLI prints them all and exits with code 2.
+class SpecError : public std::runtime_error {
+ public:
+  explicit SpecError(std::vector<SpecIssue> issues);
+  const std::vector<SpecIssue>& issues() const { return issues_; }
+
+ private:
+  std::vector<SpecIssue> issues_;
+};
+
+//! One variant of an experiment.
+struct Variant {
+  std::string name;
+  std::string impl;   //!< "fused" or "dense"
+  std::string fault;  //!< test-only fault injection ("" when none): segfault, abort, throw, hang, oom
+};
+
+//! One clause of the verdict rule: `if` all conditions hold, the verdict is `then`.
+//! A clause with no conditions is the `else`.
+struct VerdictClause {
+  std::string condition;  //!< as written: "fused.bwd_peak_bytes < 5GiB && fused.match"
+  std::string then;
+};
+
+//! Tolerance for outputs and gradients: err(variant) <= factor * err(dense in low precision) + atol,
+//! errors measured against an fp32 reference (STYLE.md).
+struct Tolerance {
+  double factor = 2.0;
+  double atol = 1e-5;
+};
+
+//! A validated experiment spec.
+struct Spec {
+  std::string name;
+  std::string hypothesis;
+  std::string kind;                 //!< "attention_step"
+  kernels::AttentionGeometry dims;
+  std::string dtype = "bf16";       //!< bf16, fp16, fp32
+  int64_t layers = 1;
+  kernels::MaskDesc mask;
+  int64_t mask_block = 128;         //!< BlockMask block size (q and kv), FlexAttention's default
+  std::vector<Variant> variants;    //!< in spec order
+  std::vector<std::string> measure;
+  int repeats = 3;
+  int warmup = 1;
+  double timeout_s = 600.0;
+  uint64_t seed = 0;                //!< input tensors
+  bool check = true;                //!< compare outputs and gradients with the fp32 reference
+  Tolerance tolerance;
+  std::vector<VerdictClause> verdict;
+  std::string profile;              //!< applied profile, "" for none
+  std::string source;               //!< file it came from
+  nlohmann::json resolved;          //!< the JSON after profile and overrides (stored in the db)
+};
+
+//! Options of loading a spec.
+struct LoadOptions {
+  std::string profile;                  //!< profile to apply ("" for none)
+  std::vector<std::string> overrides;   //!< "--set" arguments, "path=value"
+  bool allow_faults = false;            //!< accept variants' "fault" (tests only)
+};
+
+//! Reads, overrides and validates a spec file. Throws SpecError listing every problem.
+Spec load_spec_file(const std::string& path, const LoadOptions& options = {});
+//! Same from JSON text (source names it in messages).
+Spec load_spec_text(const std::string& text, const std::string& source, const LoadOptions& options = {});
+//! Validates the already resolved JSON (profile and overrides applied). Throws SpecError.
+Spec parse_spec(const nlohmann::json& resolved, const std::string& source, bool allow_faults = false);
+//! Whether the spec defines a profile of that name.
+bool has_profile(const nlohmann::json& raw, const std::string& profile);
+
+//! What the verdict rule sees of one variant: the trial status and its summary metrics.
+struct VariantOutcome {
+  std::string status;                  //!< ok, oom, unsupported, error, crashed, timeout
+  std::string error;
+  std::map<std::string, double> values;  //!< metric name -> summary value (median over repeats)
+};
+
+//! The verdict with the evidence that produced it.
+struct Verdict {
+  std::string verdict;       //!< the rule's result, or INVALID / INCONCLUSIVE
+  nlohmann::json evidence;   //!< clause that fired, the values it read, or why none could be read
+};
+
+//! Evaluates the spec's rule. A clause that reads a variant whose trial is "unsupported" gives
+//! INVALID; one that reads a metric a failed trial did not produce gives INCONCLUSIVE; both
+//! name the variant and the reason in the evidence.
+Verdict evaluate_verdict(const Spec& spec, const std::map<std::string, VariantOutcome>& outcomes);
+
+//! Parses sizes and durations with units: "5GiB", "512MiB", "3e9", "2.5ms", "1s" (bytes, ms).
+std::optional<double> parse_quantity(const std::string& text);
+
+//! Searches experiment directories for "<name>.json" (or accepts a path). nullopt if none.
+std::optional<std::string> find_spec(const std::string& name_or_path,
+                                     const std::vector<std::string>& search_dirs);
+
+}  // namespace harness::spec

@@ -1,0 +1,86 @@
+#pragma once
+// The attention implementations the experiments compare, behind one entry point.
+//   dense:  LibTorch ops, GQA-expanded, fp32 scores materialized (the unfused path, and the
+//           correctness oracle).
+//   fused:  flash-style block-sparse attention (online softmax, LSE; backward recomputes P)
+//           on CPU (tiled ATen ops) or CUDA (kernels/cuda), as a torch::autograd::Function.
+// Shapes: q [B, H, Q_LEN, D], k and v [B, H_KV, KV_LEN, D] with H a multiple of H_KV.
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "kernels/block_mask.h"
+#include "kernels/dispatch.h"
+#include "kernels/mask_desc.h"
+
+namespace harness::kernels {
+
+//! Which implementation a variant asks for.
+enum class AttentionImpl { dense, fused };
+
+//! Thrown when an implementation cannot run a configuration (a value for the experiment:
+//! recorded as status "unsupported", verdict INVALID; never a pass and never a crash).
+class UnsupportedError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+//! A resolved mask plus the device-side data and BlockMasks built from it, cached per
+//! (block_m, block_n, device). Thread-safe.
+class MaskContext {
+ public:
+  explicit MaskContext(ResolvedMask mask);
+  const ResolvedMask& mask() const { return mask_; }
+  //! BlockMask with the given block sizes on `device` (built once, then cached).
+  const BlockMask& block_mask(int64_t block_m, int64_t block_n, const at::Device& device);
+  //! Anchors (int32) and document ids (int32) on `device`, for kernels that evaluate the mask.
+  const at::Tensor& anchors(const at::Device& device);
+  const at::Tensor& doc_id(const at::Device& device);
+  //! Dense boolean mask on `device` (cached).
+  const at::Tensor& dense(const at::Device& device);
+
+ private:
+  ResolvedMask mask_;
+  std::mutex mutex_;
+  std::map<std::tuple<int64_t, int64_t, std::string>, BlockMask> block_masks_;
+  std::map<std::string, at::Tensor> anchors_, doc_id_, dense_;
+};
+
+//! Tiling of the CPU fused kernel (also the BlockMask block sizes it asks for).
+struct CpuTileConfig {
+  int64_t block_m = 64;
+  int64_t block_n = 64;
+};
+
+//! Options of one attention call.
+struct AttentionOptions {
+  AttentionImpl impl = AttentionImpl::fused;
+  double scale = 0.0;          //!< softmax scale; 0 means 1/sqrt(head_dim)
+  bool deterministic = false;  //!< CUDA backward: no atomics in dK/dV/dQ reductions
+  DispatchTrace* trace = nullptr;  //!< where to record the dispatch decision (may be null)
+};
+
+//! Runs attention with autograd support. Throws UnsupportedError when the requested
+//! implementation does not support the device, dtype or shape.
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     MaskContext& mask, const AttentionOptions& options);
+
+//! Dense reference (autograd through ATen ops). Scores are materialized in fp32; the output
+//! has q's dtype. Fully masked rows give zeros.
+at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& dense_mask, double scale);
+
+//! CPU fused attention as an autograd Function (q, k, v on the CPU, any float dtype).
+at::Tensor fused_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               MaskContext& mask, double scale, const CpuTileConfig& tiles);
+
+//! Whether this build has the CUDA fused kernels.
+bool cuda_kernels_built();
+
+}  // namespace harness::kernels

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what harness needs on a fresh Debian 12 machine, then configures and builds it.
+#   Debian packages: compilers, CMake, Ninja, SQLite3, CLI11, spdlog/fmt, nlohmann_json, Catch2.
+#   LibTorch: the pip package torch==2.11.0 in a virtual environment kept outside the checkout
+#   (HARNESS_VENV, default ~/.cache/harness/venv), so a second checkout reuses it.
+# Idempotent: what is already there is not installed again.
+# Env: BUILD_DIR (default build), BUILD_TYPE (default RelWithDebInfo), HARNESS_SKIP_APT=1.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=${BUILD_DIR:-$root/build}
+venv=${HARNESS_VENV:-$HOME/.cache/harness/venv}
+torch_version=2.11.0
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+debs=(build-essential cmake ninja-build git python3 python3-venv libsqlite3-dev libcli11-dev
+      libspdlog-dev libfmt-dev nlohmann-json3-dev catch2)
+if [[ "${HARNESS_SKIP_APT:-0}" != 1 ]]; then
+  missing=()
+  for p in "${debs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    log "installing Debian packages: ${missing[*]}"
+    sudo_cmd=(); [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+fi
+
+if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+  log "installing torch==$torch_version into $venv (a few GB, once)"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version"
+fi
+torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+
+log "configuring $build_dir"
+cmake -S "$root" -B "$build_dir" -G Ninja \
+  -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" \
+  -DCMAKE_PREFIX_PATH="$torch_prefix" ${CMAKE_EXTRA_ARGS:-} >"$build_dir.configure.log" 2>&1 \
+  || { cat "$build_dir.configure.log" >&2; exit 3; }
+grep '^-- harness:' "$build_dir.configure.log" >&2 || true
+log "building (this takes a few minutes on two cores)"
+cmake --build "$build_dir" ${BUILD_TARGETS:+--target $BUILD_TARGETS}
