@@ -1,1 +1,430 @@
-// placeholder: being written
+#include "db/store.h"
+
+#include <sqlite3.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <thread>
+
+#include "db/migrations.h"
+#include "db/statement.h"
+
+namespace harness::db {
+
+using detail::Statement;
+using detail::Transaction;
+
+namespace {
+
+// Several harness processes write one db; a writer holds the lock for one trial's rows
+// (milliseconds), so 10 s only runs out when something is badly stuck.
+constexpr int kBusyTimeoutMs = 10'000;
+
+struct ConnectionCloser {
+  void operator()(sqlite3* db) const { sqlite3_close_v2(db); }
+};
+using Connection = std::unique_ptr<sqlite3, ConnectionCloser>;
+
+// WAL: readers never block the writer and vice versa, so `harness runs` works during a run.
+// Switching a new file to WAL takes an exclusive lock, and SQLite skips the busy handler when
+// waiting could deadlock (two new connections both holding a shared lock), so this waits itself:
+// with 8 threads opening one new file, 3 in 200 trials failed at once without this loop.
+void enable_wal(sqlite3* db, const std::string& path) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kBusyTimeoutMs);
+  for (;;) {
+    const int rc = sqlite3_exec(db, "PRAGMA journal_mode = WAL", nullptr, nullptr, nullptr);
+    if (rc == SQLITE_OK) return;
+    if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() > deadline) {
+      detail::throw_sqlite_error(db, path, "switch to WAL");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// Opens `path` with the settings every connection needs, and checks what the file is before
+// anything writes to it.
+Connection open_connection(const std::string& path) {
+  sqlite3* raw = nullptr;
+  const int rc = sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
+  Connection db(raw);
+  if (rc != SQLITE_OK) detail::throw_sqlite_error(raw, path, "open");
+  sqlite3_extended_result_codes(raw, 1);
+  sqlite3_busy_timeout(raw, kBusyTimeoutMs);
+  // Reading the header is what reveals a file that is not a SQLite db ("file is not a
+  // database"); a db newer than this binary is left untouched, not even switched to WAL.
+  detail::check_not_newer(detail::read_schema_version(raw, path), path);
+  detail::exec_sql(raw, path, "PRAGMA foreign_keys = ON", "open");
+  enable_wal(raw, path);
+  return db;
+}
+
+std::optional<int64_t> widen(const std::optional<int>& value) {
+  if (!value) return std::nullopt;
+  return *value;
+}
+
+std::optional<int> narrow(const std::optional<int64_t>& value) {
+  if (!value) return std::nullopt;
+  return static_cast<int>(*value);
+}
+
+nlohmann::json json_column(const Statement& row, int column, const std::string& path, const std::string& what) {
+  try {
+    return nlohmann::json::parse(row.column_text(column));
+  } catch (const nlohmann::json::parse_error& error) {
+    throw DbError(path + ": " + what + ": stored JSON does not parse: " + error.what());
+  }
+}
+
+// Column list shared by list_runs and get_run; read_run below follows its order.
+constexpr const char* kRunColumns =
+    "r.id, e.name, r.experiment_id, e.spec_hash, r.env_id, r.device, r.profile, r.status, r.verdict, "
+    "r.evidence, r.args, r.error, r.started_at, r.finished_at, r.replay_of";
+constexpr int kRunColumnCount = 15;
+
+Run read_run(const Statement& row, const std::string& path) {
+  Run run;
+  run.id = row.column_int(0);
+  const std::string what = "read run " + std::to_string(run.id);
+  run.experiment = row.column_text(1);
+  run.experiment_id = row.column_int(2);
+  run.spec_hash = row.column_text(3);
+  run.env_id = row.column_text(4);
+  run.device = row.column_text(5);
+  run.profile = row.column_text(6);
+  run.status = row.column_text(7);
+  run.verdict = row.column_text(8);
+  run.evidence = json_column(row, 9, path, what + " evidence");
+  run.args = json_column(row, 10, path, what + " args");
+  run.error = row.column_text(11);
+  run.started_at = row.column_text(12);
+  run.finished_at = row.column_text(13);
+  run.replay_of = row.column_optional_int(14);
+  return run;
+}
+
+void insert_metrics(sqlite3* db, const std::string& path, int64_t run_id, std::optional<int64_t> trial_id,
+                    const std::vector<Metric>& metrics) {
+  Statement insert(db, path,
+                   "INSERT INTO metrics (run_id, trial_id, variant, point, name, value, unit, repeat) "
+                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                   "insert metric of run " + std::to_string(run_id));
+  for (const Metric& metric : metrics) {
+    insert.bind_int(1, run_id)
+        .bind_optional_int(2, trial_id)
+        .bind_text(3, metric.variant)
+        .bind_text(4, canonical_json(metric.point))
+        .bind_text(5, metric.name)
+        .bind_real(6, metric.value)
+        .bind_text(7, metric.unit)
+        .bind_int(8, metric.repeat);
+    insert.run();
+    insert.reset();
+  }
+}
+
+}  // namespace
+
+std::string canonical_json(const nlohmann::json& value) {
+  // nlohmann::json keeps objects in a std::map, so dump() writes keys sorted; indent -1 means no
+  // whitespace. Invalid UTF-8 is replaced (U+FFFD) rather than thrown: a hash must always exist.
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string now_iso8601() {
+  const auto since_epoch = std::chrono::system_clock::now().time_since_epoch();
+  const auto milliseconds = std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch).count();
+  const std::time_t seconds = static_cast<std::time_t>(milliseconds / 1000);
+  std::tm utc{};
+  gmtime_r(&seconds, &utc);
+  char date_time[32];
+  std::strftime(date_time, sizeof date_time, "%Y-%m-%dT%H:%M:%S", &utc);
+  char text[48];
+  std::snprintf(text, sizeof text, "%s.%03dZ", date_time, static_cast<int>(milliseconds % 1000));
+  return text;
+}
+
+void create_schema_at_version(const std::string& path, int version) {
+  Connection db = open_connection(path);
+  detail::migrate(db.get(), path, version);
+}
+
+Store::Store(const std::string& path) : path_(path) {
+  Connection db = open_connection(path_);
+  detail::migrate(db.get(), path_, current_schema_version());
+  db_ = db.release();
+}
+
+Store::~Store() { sqlite3_close_v2(db_); }
+
+int Store::schema_version() const { return detail::read_schema_version(db_, path_); }
+
+void Store::set_busy_timeout(int milliseconds) { sqlite3_busy_timeout(db_, milliseconds); }
+
+std::string Store::put_env(const nlohmann::json& env) {
+  const std::string text = canonical_json(env);
+  const std::string id = sha256_hex(text);
+  Transaction transaction(db_, path_, Transaction::Mode::kWrite, "put env");
+  Statement insert(db_, path_,
+                   "INSERT INTO envs (id, json, created_at) VALUES (?1, ?2, ?3) ON CONFLICT (id) DO NOTHING",
+                   "insert env " + id);
+  insert.bind_text(1, id).bind_text(2, text).bind_text(3, now_iso8601());
+  insert.run();
+  transaction.commit();
+  return id;
+}
+
+int64_t Store::put_experiment(const std::string& name, const nlohmann::json& spec) {
+  const std::string text = canonical_json(spec);
+  const std::string spec_hash = sha256_hex(text);
+  Transaction transaction(db_, path_, Transaction::Mode::kWrite, "put experiment " + name);
+  Statement insert(db_, path_,
+                   "INSERT INTO experiments (name, spec, spec_hash, created_at) VALUES (?1, ?2, ?3, ?4) "
+                   "ON CONFLICT (name, spec_hash) DO NOTHING",
+                   "insert experiment " + name);
+  insert.bind_text(1, name).bind_text(2, text).bind_text(3, spec_hash).bind_text(4, now_iso8601());
+  insert.run();
+  Statement find(db_, path_, "SELECT id FROM experiments WHERE name = ?1 AND spec_hash = ?2",
+                 "find experiment " + name);
+  find.bind_text(1, name).bind_text(2, spec_hash);
+  if (!find.step()) throw DbError(path_ + ": put experiment " + name + ": row missing right after insert");
+  const int64_t id = find.column_int(0);
+  transaction.commit();
+  return id;
+}
+
+int64_t Store::begin_run(Run& run) {
+  Transaction transaction(db_, path_, Transaction::Mode::kWrite, "begin run");
+  Statement experiment(db_, path_, "SELECT name, spec_hash FROM experiments WHERE id = ?1", "begin run");
+  experiment.bind_int(1, run.experiment_id);
+  if (!experiment.step()) {
+    throw DbError(path_ + ": begin run: no experiment with id " + std::to_string(run.experiment_id) +
+                  " (store it with put_experiment first)");
+  }
+  run.experiment = experiment.column_text(0);
+  run.spec_hash = experiment.column_text(1);
+  run.status = "running";
+  if (run.started_at.empty()) run.started_at = now_iso8601();
+
+  Statement insert(db_, path_,
+                   "INSERT INTO runs (experiment_id, env_id, device, profile, status, verdict, evidence, args, "
+                   "error, started_at, finished_at, replay_of) "
+                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                   "insert run");
+  insert.bind_int(1, run.experiment_id);
+  if (run.env_id.empty()) {
+    insert.bind_null(2);
+  } else {
+    insert.bind_text(2, run.env_id);
+  }
+  insert.bind_text(3, run.device)
+      .bind_text(4, run.profile)
+      .bind_text(5, run.status)
+      .bind_text(6, run.verdict)
+      .bind_text(7, canonical_json(run.evidence))
+      .bind_text(8, canonical_json(run.args))
+      .bind_text(9, run.error)
+      .bind_text(10, run.started_at)
+      .bind_text(11, run.finished_at)
+      .bind_optional_int(12, run.replay_of);
+  insert.run();
+  run.id = sqlite3_last_insert_rowid(db_);
+  transaction.commit();
+  return run.id;
+}
+
+int64_t Store::add_trial(Trial& trial, const std::vector<Metric>& metrics) {
+  if (trial.started_at.empty()) trial.started_at = now_iso8601();
+  const std::string of_run = " of run " + std::to_string(trial.run_id);
+  Transaction transaction(db_, path_, Transaction::Mode::kWrite, "add trial" + of_run);
+  Statement insert(db_, path_,
+                   "INSERT INTO trials (run_id, variant, point, status, exit_code, signal, error, stderr_tail, "
+                   "requested_bytes, dispatch, duration_s, started_at) "
+                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                   "insert trial" + of_run);
+  insert.bind_int(1, trial.run_id)
+      .bind_text(2, trial.variant)
+      .bind_text(3, canonical_json(trial.point))
+      .bind_text(4, trial.status)
+      .bind_optional_int(5, widen(trial.exit_code))
+      .bind_optional_int(6, widen(trial.signal))
+      .bind_text(7, trial.error)
+      .bind_text(8, trial.stderr_tail)
+      .bind_optional_int(9, trial.requested_bytes)
+      .bind_text(10, canonical_json(trial.dispatch))
+      .bind_real(11, trial.duration_s)
+      .bind_text(12, trial.started_at);
+  insert.run();
+  const int64_t trial_id = sqlite3_last_insert_rowid(db_);
+  insert_metrics(db_, path_, trial.run_id, trial_id, metrics);
+  transaction.commit();
+  trial.id = trial_id;
+  return trial_id;
+}
+
+void Store::add_metrics(int64_t run_id, const std::vector<Metric>& metrics) {
+  Transaction transaction(db_, path_, Transaction::Mode::kWrite, "add metrics of run " + std::to_string(run_id));
+  insert_metrics(db_, path_, run_id, std::nullopt, metrics);
+  transaction.commit();
+}
+
+int64_t Store::add_artifact(Artifact& artifact) {
+  const std::string of_run = " of run " + std::to_string(artifact.run_id);
+  Transaction transaction(db_, path_, Transaction::Mode::kWrite, "add artifact" + of_run);
+  Statement insert(db_, path_,
+                   "INSERT INTO artifacts (run_id, trial_id, kind, sha256, path, bytes) "
+                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                   "insert artifact" + of_run);
+  insert.bind_int(1, artifact.run_id)
+      .bind_optional_int(2, artifact.trial_id)
+      .bind_text(3, artifact.kind)
+      .bind_text(4, artifact.sha256)
+      .bind_text(5, artifact.path)
+      .bind_int(6, artifact.bytes);
+  insert.run();
+  const int64_t artifact_id = sqlite3_last_insert_rowid(db_);
+  transaction.commit();
+  artifact.id = artifact_id;
+  return artifact_id;
+}
+
+void Store::finish_run(int64_t run_id, const std::string& status, const std::string& verdict,
+                       const nlohmann::json& evidence, const std::string& error) {
+  const std::string operation = "finish run " + std::to_string(run_id);
+  Transaction transaction(db_, path_, Transaction::Mode::kWrite, operation);
+  Statement update(db_, path_,
+                   "UPDATE runs SET status = ?2, verdict = ?3, evidence = ?4, error = ?5, finished_at = ?6 "
+                   "WHERE id = ?1",
+                   operation);
+  update.bind_int(1, run_id)
+      .bind_text(2, status)
+      .bind_text(3, verdict)
+      .bind_text(4, canonical_json(evidence))
+      .bind_text(5, error)
+      .bind_text(6, now_iso8601());
+  update.run();
+  if (sqlite3_changes(db_) == 0) throw DbError(path_ + ": " + operation + ": no such run");
+  transaction.commit();
+}
+
+std::vector<Run> Store::list_runs(const RunFilter& filter) const {
+  // Newest first by id: ids grow with each begin_run, whichever process made it.
+  const std::string sql = std::string("SELECT ") + kRunColumns +
+                          " FROM runs r JOIN experiments e ON e.id = r.experiment_id"
+                          " WHERE (?1 IS NULL OR e.name = ?1) AND (?2 = 0 OR r.status <> 'ok')"
+                          " ORDER BY r.id DESC LIMIT ?3";
+  Statement select(db_, path_, sql.c_str(), "list runs");
+  if (filter.experiment) {
+    select.bind_text(1, *filter.experiment);
+  } else {
+    select.bind_null(1);
+  }
+  // A negative LIMIT means no limit in SQLite; limit <= 0 asks for every run.
+  select.bind_int(2, filter.failed_only ? 1 : 0).bind_int(3, filter.limit > 0 ? filter.limit : -1);
+  std::vector<Run> runs;
+  while (select.step()) runs.push_back(read_run(select, path_));
+  return runs;
+}
+
+std::optional<RunDetail> Store::get_run(int64_t run_id) const {
+  const std::string operation = "get run " + std::to_string(run_id);
+  // One read transaction: a snapshot, so a trial committed meanwhile by another process cannot
+  // show its metrics without its trial row.
+  Transaction transaction(db_, path_, Transaction::Mode::kRead, operation);
+  const std::string sql = std::string("SELECT ") + kRunColumns +
+                          ", e.spec, v.json FROM runs r JOIN experiments e ON e.id = r.experiment_id"
+                          " LEFT JOIN envs v ON v.id = r.env_id WHERE r.id = ?1";
+  Statement select_run(db_, path_, sql.c_str(), operation);
+  select_run.bind_int(1, run_id);
+  if (!select_run.step()) return std::nullopt;
+  RunDetail detail;
+  detail.run = read_run(select_run, path_);
+  detail.spec = json_column(select_run, kRunColumnCount, path_, operation + " spec");
+  if (!select_run.is_null(kRunColumnCount + 1)) {
+    detail.env = json_column(select_run, kRunColumnCount + 1, path_, operation + " env");
+  }
+
+  Statement trials(db_, path_,
+                   "SELECT id, run_id, variant, point, status, exit_code, signal, error, stderr_tail, "
+                   "requested_bytes, dispatch, duration_s, started_at FROM trials WHERE run_id = ?1 ORDER BY id",
+                   operation + " trials");
+  trials.bind_int(1, run_id);
+  while (trials.step()) {
+    Trial trial;
+    trial.id = trials.column_int(0);
+    const std::string what = operation + " trial " + std::to_string(trial.id);
+    trial.run_id = trials.column_int(1);
+    trial.variant = trials.column_text(2);
+    trial.point = json_column(trials, 3, path_, what + " point");
+    trial.status = trials.column_text(4);
+    trial.exit_code = narrow(trials.column_optional_int(5));
+    trial.signal = narrow(trials.column_optional_int(6));
+    trial.error = trials.column_text(7);
+    trial.stderr_tail = trials.column_text(8);
+    trial.requested_bytes = trials.column_optional_int(9);
+    trial.dispatch = json_column(trials, 10, path_, what + " dispatch");
+    trial.duration_s = trials.column_real(11);
+    trial.started_at = trials.column_text(12);
+    detail.trials.push_back(std::move(trial));
+  }
+
+  Statement metrics(db_, path_,
+                    "SELECT variant, point, name, value, unit, repeat FROM metrics WHERE run_id = ?1 ORDER BY id",
+                    operation + " metrics");
+  metrics.bind_int(1, run_id);
+  while (metrics.step()) {
+    Metric metric;
+    metric.variant = metrics.column_text(0);
+    metric.point = json_column(metrics, 1, path_, operation + " metric point");
+    metric.name = metrics.column_text(2);
+    metric.value = metrics.column_real(3);
+    metric.unit = metrics.column_text(4);
+    metric.repeat = static_cast<int>(metrics.column_int(5));
+    detail.metrics.push_back(std::move(metric));
+  }
+
+  Statement artifacts(db_, path_,
+                      "SELECT id, run_id, trial_id, kind, sha256, path, bytes FROM artifacts WHERE run_id = ?1 "
+                      "ORDER BY id",
+                      operation + " artifacts");
+  artifacts.bind_int(1, run_id);
+  while (artifacts.step()) {
+    Artifact artifact;
+    artifact.id = artifacts.column_int(0);
+    artifact.run_id = artifacts.column_int(1);
+    artifact.trial_id = artifacts.column_optional_int(2);
+    artifact.kind = artifacts.column_text(3);
+    artifact.sha256 = artifacts.column_text(4);
+    artifact.path = artifacts.column_text(5);
+    artifact.bytes = artifacts.column_int(6);
+    detail.artifacts.push_back(std::move(artifact));
+  }
+  transaction.commit();
+  return detail;
+}
+
+std::optional<nlohmann::json> Store::get_env(const std::string& env_id) const {
+  Statement select(db_, path_, "SELECT json FROM envs WHERE id = ?1", "get env " + env_id);
+  select.bind_text(1, env_id);
+  if (!select.step()) return std::nullopt;
+  return json_column(select, 0, path_, "get env " + env_id);
+}
+
+std::vector<ExperimentRow> Store::list_experiments() const {
+  Statement select(db_, path_, "SELECT id, name, spec_hash, created_at FROM experiments ORDER BY name, id",
+                   "list experiments");
+  std::vector<ExperimentRow> rows;
+  while (select.step()) {
+    ExperimentRow row;
+    row.id = select.column_int(0);
+    row.name = select.column_text(1);
+    row.spec_hash = select.column_text(2);
+    row.created_at = select.column_text(3);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace harness::db

@@ -116,6 +116,8 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   int schema_version() const;
+  //! How long a write waits for another writer's lock before failing (default 10 s).
+  void set_busy_timeout(int milliseconds);
   const std::string& path() const { return path_; }
 
   //! Stores an env fingerprint; id = sha256 of its canonical JSON. Returns the id.
@@ -143,6 +145,10 @@ class Store {
   std::string path_;
   sqlite3* db_ = nullptr;
 };
+
+//! Test hook: creates (or migrates) the db at `path` to schema `version` (1..current) and no
+//! further, so tests can write rows in an old layout and check that Store migrates them.
+void create_schema_at_version(const std::string& path, int version);
 
 //! sha256 of bytes, lowercase hex.
 std::string sha256_hex(const std::string& bytes);

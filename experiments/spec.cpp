@@ -1,1 +1,981 @@
-// placeholder: being written
+// Experiment specs: read the JSON (keeping the written order), apply a profile and --set
+// overrides, then validate everything in one pass so that the user sees every problem at once.
+// Each problem names the file (or the profile / override that caused it), the JSON path and what
+// was expected.
+
+#include "experiments/spec.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <sstream>
+
+namespace harness::spec {
+namespace {
+
+using OrderedJson = nlohmann::ordered_json;
+
+// ------------------------------------------------------------------------------------------------
+// Schema: which fields exist where. Types and ranges are checked by the validator below; the schema
+// answers "is this a field at all?" for the file, its profiles and --set paths alike.
+
+struct SchemaNode;
+using SchemaPtr = std::shared_ptr<const SchemaNode>;
+
+struct SchemaNode {
+  enum class Kind { value, object, map, array };
+  Kind kind = Kind::value;
+  std::vector<std::pair<std::string, SchemaPtr>> fields;  //!< object: its fields, in documented order
+  SchemaPtr element;                                      //!< map: each value; array: each element
+
+  const SchemaNode* field(const std::string& name) const {
+    for (const auto& [field_name, node] : fields) {
+      if (field_name == name) return node.get();
+    }
+    return nullptr;
+  }
+  std::string field_names() const {
+    std::string out;
+    for (const auto& entry : fields) out += (out.empty() ? "" : ", ") + entry.first;
+    return out;
+  }
+};
+
+SchemaPtr value_node() { return std::make_shared<SchemaNode>(); }
+SchemaPtr object_node(std::vector<std::pair<std::string, SchemaPtr>> fields) {
+  auto node = std::make_shared<SchemaNode>();
+  node->kind = SchemaNode::Kind::object;
+  node->fields = std::move(fields);
+  return node;
+}
+SchemaPtr container_node(SchemaNode::Kind kind, SchemaPtr element) {
+  auto node = std::make_shared<SchemaNode>();
+  node->kind = kind;
+  node->element = std::move(element);
+  return node;
+}
+
+struct Schema {
+  SchemaPtr root;     //!< a spec file
+  SchemaPtr profile;  //!< one profile: any spec field except profile(s)
+};
+
+const Schema& schema() {
+  static const Schema built = [] {
+    const auto v = value_node;
+    auto dims = object_node({{"batch", v()},
+                             {"heads", v()},
+                             {"kv_heads", v()},
+                             {"head_dim", v()},
+                             {"anchors", v()},
+                             {"block_size", v()},
+                             {"context", v()},
+                             {"dtype", v()},
+                             {"layers", v()}});
+    auto mask = object_node({{"type", v()},
+                             {"context_rule", v()},
+                             {"in_block", v()},
+                             {"documents", v()},
+                             {"doc_lengths", container_node(SchemaNode::Kind::array, v())},
+                             {"window", v()},
+                             {"seed", v()}});
+    auto variant = object_node({{"impl", v()}, {"fault", v()}});
+    auto clause = object_node({{"if", v()}, {"then", v()}, {"else", v()}});
+    std::vector<std::pair<std::string, SchemaPtr>> fields = {
+        {"name", v()},
+        {"hypothesis", v()},
+        {"kind", v()},
+        {"dims", dims},
+        {"mask", mask},
+        {"block_mask", object_node({{"block_size", v()}})},
+        {"variants", container_node(SchemaNode::Kind::map, variant)},
+        {"variant_order", container_node(SchemaNode::Kind::array, v())},
+        {"measure", container_node(SchemaNode::Kind::array, v())},
+        {"repeats", v()},
+        {"warmup", v()},
+        {"timeout_s", v()},
+        {"seed", v()},
+        {"check", object_node({{"enabled", v()}, {"factor", v()}, {"atol", v()}})},
+        {"verdict", container_node(SchemaNode::Kind::array, clause)},
+    };
+    Schema schema;
+    schema.profile = object_node(fields);
+    fields.emplace_back("profile", v());
+    fields.emplace_back("profiles", container_node(SchemaNode::Kind::map, schema.profile));
+    schema.root = object_node(std::move(fields));
+    return schema;
+  }();
+  return built;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Known values.
+
+const std::vector<std::string> kKinds = {"attention_step"};
+const std::vector<std::string> kImpls = {"fused", "dense"};
+const std::vector<std::string> kFaults = {"segfault", "abort", "throw", "hang", "oom"};
+const std::vector<std::string> kDtypes = {"bf16", "fp16", "fp32"};
+const std::vector<int64_t> kHeadDims = {64, 128};
+const std::vector<std::string> kMeasures = {"fwd_peak_bytes", "bwd_peak_bytes",  "fwd_ms",         "bwd_ms",
+                                            "max_abs_err",    "out_max_abs_err", "dq_max_abs_err", "dk_max_abs_err",
+                                            "dv_max_abs_err", "dispatch"};
+const std::vector<std::string> kDefaultMeasures = {"fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms",
+                                                   "bwd_ms",         "max_abs_err",    "dispatch"};
+// Outcomes that are not rule results; a rule may not produce them itself.
+const std::vector<std::string> kReservedVerdicts = {"INVALID", "INCONCLUSIVE"};
+constexpr std::array<kernels::MaskKind, 5> kMaskKinds = {kernels::MaskKind::dflash, kernels::MaskKind::causal,
+                                                         kernels::MaskKind::document_causal,
+                                                         kernels::MaskKind::sliding_window, kernels::MaskKind::full};
+// Sizes beyond 2^30 positions or heads are typos, and keeping them there keeps products such as
+// context + anchors * block_size far from int64 overflow.
+constexpr int64_t kMaxSize = int64_t{1} << 30;
+
+std::string join(const std::vector<std::string>& items, const std::string& separator = ", ") {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
+  return out;
+}
+
+template <typename T>
+bool contains(const std::vector<T>& items, const T& item) {
+  return std::find(items.begin(), items.end(), item) != items.end();
+}
+
+std::string mask_kind_list() {
+  std::vector<std::string> names;
+  for (kernels::MaskKind kind : kMaskKinds) names.emplace_back(kernels::mask_kind_name(kind));
+  return join(names);
+}
+
+bool is_identifier(const std::string& text) {
+  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+std::string child(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
+
+//! `"abc" (string)`, `0 (number)`, `null`: what was found, for messages.
+std::string describe(const OrderedJson& value) {
+  if (value.is_null()) return "null";
+  std::string text = value.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text + " (" + value.type_name() + ")";
+}
+
+std::optional<int64_t> as_integer(const OrderedJson& value) {
+  if (value.is_number_unsigned()) {
+    const auto u = value.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return std::nullopt;
+    return static_cast<int64_t>(u);
+  }
+  if (value.is_number_integer()) return value.get<int64_t>();
+  if (value.is_number_float()) {
+    // 1e3 is a float in JSON; accept it where an integer is meant, exactly representable only.
+    const double d = value.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::abs(d) <= 9007199254740992.0) return static_cast<int64_t>(d);
+  }
+  return std::nullopt;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Where a value came from: the file, a profile, or a --set override. Issues are attributed to the
+// last of these that wrote the path (or a path it is part of).
+
+struct Origin {
+  std::string path;
+  std::string source;
+};
+
+bool path_overlaps(const std::string& a, const std::string& b) {
+  const auto under = [](const std::string& inner, const std::string& outer) {
+    return inner == outer ||
+           (inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 && inner[outer.size()] == '.');
+  };
+  return !a.empty() && !b.empty() && (under(a, b) || under(b, a));
+}
+
+//! Collects issues while the validator walks the spec.
+class Checker {
+ public:
+  Checker(std::string source, std::vector<Origin> origins, std::vector<SpecIssue> issues)
+      : source_(std::move(source)), origins_(std::move(origins)), issues_(std::move(issues)) {}
+
+  void issue(const std::string& path, std::string message, const std::vector<std::string>& related = {}) {
+    issues_.push_back({source_for(path, related), path, std::move(message)});
+  }
+  size_t count() const { return issues_.size(); }
+  std::vector<SpecIssue>& issues() { return issues_; }
+
+  //! The member, or nullptr when absent (reported when required).
+  const OrderedJson* member(const OrderedJson& object, const std::string& path, const std::string& key, bool required) {
+    const auto found = object.find(key);
+    if (found == object.end()) {
+      if (required) issue(child(path, key), "required field is missing");
+      return nullptr;
+    }
+    return &*found;
+  }
+
+  //! An integer in [minimum, maximum]; nullopt when absent or wrong (the latter reported).
+  std::optional<int64_t> integer(const OrderedJson& object, const std::string& path, const std::string& key,
+                                 bool required, int64_t minimum, const std::string& expected,
+                                 int64_t maximum = std::numeric_limits<int64_t>::max()) {
+    const OrderedJson* value = member(object, path, key, required);
+    if (!value) return std::nullopt;
+    const auto number = as_integer(*value);
+    if (!number || *number < minimum) {
+      issue(child(path, key), "expected " + expected + ", got " + describe(*value));
+      return std::nullopt;
+    }
+    if (*number > maximum) {
+      issue(child(path, key),
+            "expected " + expected + " no larger than " + std::to_string(maximum) + ", got " + describe(*value));
+      return std::nullopt;
+    }
+    return number;
+  }
+
+  //! A finite number above (or, with inclusive, at least) minimum.
+  std::optional<double> number(const OrderedJson& object, const std::string& path, const std::string& key,
+                               double minimum, bool inclusive, const std::string& expected) {
+    const OrderedJson* value = member(object, path, key, false);
+    if (!value) return std::nullopt;
+    const bool ok = value->is_number() && std::isfinite(value->get<double>()) &&
+                    (inclusive ? value->get<double>() >= minimum : value->get<double>() > minimum);
+    if (!ok) {
+      issue(child(path, key), "expected " + expected + ", got " + describe(*value));
+      return std::nullopt;
+    }
+    return value->get<double>();
+  }
+
+  //! A non-empty string.
+  std::optional<std::string> string(const OrderedJson& object, const std::string& path, const std::string& key,
+                                    bool required) {
+    const OrderedJson* value = member(object, path, key, required);
+    if (!value) return std::nullopt;
+    if (!value->is_string() || value->get<std::string>().empty()) {
+      issue(child(path, key), "expected a non-empty string, got " + describe(*value));
+      return std::nullopt;
+    }
+    return value->get<std::string>();
+  }
+
+  //! One of a list of words.
+  std::optional<std::string> choice(const OrderedJson& object, const std::string& path, const std::string& key,
+                                    bool required, const std::string& what, const std::string& known,
+                                    bool (*valid)(const std::string&)) {
+    const auto text = string(object, path, key, required);
+    if (text && !valid(*text)) {
+      issue(child(path, key), "unknown " + what + " \"" + *text + "\"; known: " + known);
+      return std::nullopt;
+    }
+    return text;
+  }
+
+  //! A seed: any non-negative integer up to 2^64 - 1.
+  std::optional<uint64_t> seed(const OrderedJson& object, const std::string& path, const std::string& key) {
+    const OrderedJson* value = member(object, path, key, false);
+    if (!value) return std::nullopt;
+    if (value->is_number_unsigned()) return value->get<uint64_t>();
+    if (const auto number = as_integer(*value); number && *number >= 0) return static_cast<uint64_t>(*number);
+    issue(child(path, key), "expected a non-negative integer, got " + describe(*value));
+    return std::nullopt;
+  }
+
+  std::optional<bool> boolean(const OrderedJson& object, const std::string& path, const std::string& key) {
+    const OrderedJson* value = member(object, path, key, false);
+    if (!value) return std::nullopt;
+    if (!value->is_boolean()) {
+      issue(child(path, key), "expected true or false, got " + describe(*value));
+      return std::nullopt;
+    }
+    return value->get<bool>();
+  }
+
+  //! An object member.
+  const OrderedJson* object(const OrderedJson& parent, const std::string& path, const std::string& key, bool required) {
+    const OrderedJson* value = member(parent, path, key, required);
+    if (value && !value->is_object()) {
+      issue(child(path, key), "expected an object, got " + describe(*value));
+      return nullptr;
+    }
+    return value;
+  }
+
+ private:
+  std::string source_for(const std::string& path, const std::vector<std::string>& related) const {
+    for (auto origin = origins_.rbegin(); origin != origins_.rend(); ++origin) {
+      if (path_overlaps(origin->path, path)) return origin->source;
+      for (const std::string& other : related) {
+        if (path_overlaps(origin->path, other)) return origin->source;
+      }
+    }
+    return source_;
+  }
+
+  std::string source_;
+  std::vector<Origin> origins_;
+  std::vector<SpecIssue> issues_;
+};
+
+//! Reports fields the schema does not know, anywhere below `path`.
+void check_known_fields(const OrderedJson& value, const SchemaNode& node, const std::string& path, Checker& checker) {
+  switch (node.kind) {
+    case SchemaNode::Kind::value:
+      return;
+    case SchemaNode::Kind::object:
+      if (!value.is_object()) return;
+      for (const auto& [key, member] : value.items()) {
+        if (const SchemaNode* field = node.field(key)) {
+          check_known_fields(member, *field, child(path, key), checker);
+        } else {
+          checker.issue(child(path, key), "unknown field \"" + key + "\"; known fields" +
+                                              (path.empty() ? "" : " of " + path) + ": " + node.field_names());
+        }
+      }
+      return;
+    case SchemaNode::Kind::map:
+      if (!value.is_object()) return;
+      for (const auto& [key, member] : value.items())
+        check_known_fields(member, *node.element, child(path, key), checker);
+      return;
+    case SchemaNode::Kind::array:
+      if (!value.is_array()) return;
+      for (size_t i = 0; i < value.size(); ++i)
+        check_known_fields(value[i], *node.element, child(path, std::to_string(i)), checker);
+      return;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Validation of the resolved document.
+
+//! Reads dims into spec; whether they are all valid (the mask checks that need them run only then).
+bool check_dims(const OrderedJson& doc, Checker& c, Spec& spec) {
+  const size_t before = c.count();
+  const OrderedJson* dims = c.object(doc, "", "dims", true);
+  if (!dims) return false;
+  const std::string p = "dims";
+  const std::string positive = "a positive integer";
+  auto& g = spec.dims;
+  g.batch = c.integer(*dims, p, "batch", false, 1, positive, kMaxSize).value_or(1);
+  const auto heads = c.integer(*dims, p, "heads", true, 1, positive, kMaxSize);
+  const auto kv_heads = c.integer(*dims, p, "kv_heads", true, 1, positive, kMaxSize);
+  const auto head_dim = c.integer(*dims, p, "head_dim", true, 1, positive, kMaxSize);
+  const auto anchors = c.integer(*dims, p, "anchors", true, 1, positive, kMaxSize);
+  g.block_size = c.integer(*dims, p, "block_size", false, 1, positive, kMaxSize).value_or(16);
+  const auto context = c.integer(*dims, p, "context", true, 0, "a non-negative integer", kMaxSize);
+  spec.dtype = c.choice(*dims, p, "dtype", false, "dtype", join(kDtypes), [](const std::string& s) {
+                  return contains(kDtypes, s);
+                }).value_or("bf16");
+  spec.layers = c.integer(*dims, p, "layers", false, 1, positive, kMaxSize).value_or(1);
+  if (heads) g.heads = *heads;
+  if (kv_heads) g.kv_heads = *kv_heads;
+  if (anchors) g.anchors = *anchors;
+  if (context) g.context = *context;
+  if (head_dim) {
+    g.head_dim = *head_dim;
+    if (!contains(kHeadDims, *head_dim)) {
+      c.issue("dims.head_dim", "unsupported head_dim " + std::to_string(*head_dim) + "; supported: 64, 128");
+    }
+  }
+  if (heads && kv_heads && *heads % *kv_heads != 0) {
+    c.issue("dims.heads",
+            "heads (" + std::to_string(*heads) + ") must be a multiple of kv_heads (" + std::to_string(*kv_heads) +
+                ") so that each KV head serves the same number of query heads",
+            {"dims.kv_heads"});
+  }
+  return c.count() == before;
+}
+
+void check_mask(const OrderedJson& doc, Checker& c, Spec& spec, bool dims_ok) {
+  const size_t before = c.count();
+  const OrderedJson* mask = c.object(doc, "", "mask", true);
+  if (!mask) return;
+  const std::string p = "mask";
+  auto& m = spec.mask;
+  const auto type = c.choice(*mask, p, "type", true, "mask type", mask_kind_list(),
+                             [](const std::string& s) { return kernels::parse_mask_kind(s).has_value(); });
+  if (type) m.kind = *kernels::parse_mask_kind(*type);
+  const bool dflash = type && m.kind == kernels::MaskKind::dflash;
+  for (const std::string key : {"context_rule", "in_block"}) {
+    if (type && !dflash && mask->contains(key)) {
+      c.issue(child(p, key), key + " applies only to dflash masks, not " + *type, {"mask.type"});
+    }
+  }
+  const auto rule = c.choice(*mask, p, "context_rule", false, "context_rule", "before_anchor, through_anchor",
+                             [](const std::string& s) { return kernels::parse_context_rule(s).has_value(); });
+  if (rule) m.context_rule = *kernels::parse_context_rule(*rule);
+  const auto in_block = c.choice(*mask, p, "in_block", false, "in_block", "bidirectional, causal",
+                                 [](const std::string& s) { return kernels::parse_in_block(s).has_value(); });
+  if (in_block) m.in_block = *kernels::parse_in_block(*in_block);
+
+  const auto window = c.integer(*mask, p, "window", false, 1, "a positive integer (positions, the query included)");
+  if (type && m.kind == kernels::MaskKind::sliding_window) {
+    if (!mask->contains("window"))
+      c.issue("mask.window", "required field is missing: sliding_window needs a window of at least 1", {"mask.type"});
+    if (window) m.window = *window;
+  } else if (type && mask->contains("window")) {
+    c.issue("mask.window", "window applies only to sliding_window masks, not " + *type, {"mask.type"});
+  }
+  if (const auto seed = c.seed(*mask, p, "seed")) m.seed = *seed;
+
+  const auto documents = c.integer(*mask, p, "documents", false, 1, "a positive integer", kMaxSize);
+  if (documents) m.documents = *documents;
+  bool lengths_ok = true;
+  if (const OrderedJson* lengths = c.member(*mask, p, "doc_lengths", false)) {
+    if (!lengths->is_array() || lengths->empty()) {
+      c.issue("mask.doc_lengths", "expected a non-empty array of positive integers, got " + describe(*lengths));
+      lengths_ok = false;
+    } else {
+      for (size_t i = 0; i < lengths->size(); ++i) {
+        const auto length = as_integer((*lengths)[i]);
+        if (!length || *length < 1 || *length > kMaxSize) {
+          c.issue("mask.doc_lengths." + std::to_string(i),
+                  "expected a positive document length, got " + describe((*lengths)[i]));
+          lengths_ok = false;
+        } else {
+          m.doc_lengths.push_back(*length);
+        }
+      }
+      if (documents && *documents != static_cast<int64_t>(lengths->size())) {
+        c.issue("mask.documents",
+                "documents is " + std::to_string(*documents) + " but doc_lengths lists " +
+                    std::to_string(lengths->size()) + " documents",
+                {"mask.doc_lengths"});
+      }
+      if (lengths_ok) m.documents = static_cast<int64_t>(m.doc_lengths.size());
+    }
+  }
+  if (!type || !dims_ok || c.count() != before) return;
+
+  // Documents split the context for dflash, the whole KV sequence for the others.
+  const auto& g = spec.dims;
+  const int64_t split = dflash ? g.context : g.kv_len();
+  const std::string split_name =
+      dflash ? "the context of " + std::to_string(split) + " positions"
+             : "the " + std::to_string(split) + " KV positions (context + anchors * block_size)";
+  if (!m.doc_lengths.empty()) {
+    int64_t sum = 0;
+    for (int64_t length : m.doc_lengths) sum += length;
+    if (sum != split) {
+      c.issue("mask.doc_lengths", "doc_lengths sum to " + std::to_string(sum) + " but must split " + split_name,
+              {"dims.context", "dims.anchors", "dims.block_size"});
+      return;
+    }
+  } else if (m.documents > split) {
+    c.issue(
+        "mask.documents",
+        std::to_string(m.documents) + " documents do not fit in " + split_name + "; each needs at least one position",
+        {"dims.context", "dims.anchors", "dims.block_size"});
+    return;
+  }
+  if (dflash) {
+    const int64_t valid = kernels::count_valid_anchor_positions(m, g.context, g.block_size);
+    if (g.anchors > valid) {
+      c.issue("dims.anchors",
+              std::to_string(g.anchors) + " anchors, but the dflash mask has only " + std::to_string(valid) +
+                  " valid anchor positions (" + std::to_string(m.documents) + " document(s) in " + split_name +
+                  "; an anchor needs one earlier position and block_size " + std::to_string(g.block_size) +
+                  " positions after it in its document)",
+              {"dims.context", "dims.block_size", "mask.documents", "mask.doc_lengths"});
+    }
+  }
+}
+
+void check_variants(const OrderedJson& doc, Checker& c, Spec& spec, bool allow_faults) {
+  const OrderedJson* variants = c.object(doc, "", "variants", true);
+  if (!variants) return;
+  if (variants->empty()) {
+    c.issue("variants", "expected at least one variant");
+    return;
+  }
+  std::vector<std::string> written;
+  for (const auto& [name, body] : variants->items()) {
+    written.push_back(name);
+    const std::string p = child("variants", name);
+    if (!is_identifier(name)) {
+      c.issue(p, "variant name \"" + name + "\" must match [a-z0-9_]+ (verdict rules read variant.metric)");
+    }
+    if (!body.is_object()) {
+      c.issue(p, "expected an object such as {\"impl\": \"fused\"}, got " + describe(body));
+      continue;
+    }
+    Variant variant;
+    variant.name = name;
+    variant.impl = c.choice(body, p, "impl", true, "impl", join(kImpls), [](const std::string& s) {
+                      return contains(kImpls, s);
+                    }).value_or("");
+    if (const OrderedJson* fault = c.member(body, p, "fault", false)) {
+      if (!allow_faults) {
+        c.issue(child(p, "fault"), "fault injection is for tests only and is rejected unless the loader allows faults");
+      } else if (!fault->is_string() || !contains(kFaults, fault->get<std::string>())) {
+        c.issue(child(p, "fault"), "unknown fault " + describe(*fault) + "; known: " + join(kFaults));
+      } else {
+        variant.fault = fault->get<std::string>();
+      }
+    }
+    spec.variants.push_back(std::move(variant));
+  }
+  // The resolved JSON of the db sorts keys; variant_order keeps the order the file was written in.
+  if (const OrderedJson* order = c.member(doc, "", "variant_order", false)) {
+    std::vector<std::string> listed;
+    if (order->is_array()) {
+      for (const auto& name : *order) {
+        if (name.is_string()) listed.push_back(name.get<std::string>());
+      }
+    }
+    std::vector<std::string> sorted_listed = listed, sorted_written = written;
+    std::sort(sorted_listed.begin(), sorted_listed.end());
+    std::sort(sorted_written.begin(), sorted_written.end());
+    if (!order->is_array() || listed.size() != order->size() || sorted_listed != sorted_written) {
+      c.issue("variant_order", "expected each variant name once (" + join(written) + "), got " + describe(*order),
+              {"variants"});
+      return;
+    }
+    std::vector<Variant> ordered;
+    for (const std::string& name : listed) {
+      ordered.push_back(
+          *std::find_if(spec.variants.begin(), spec.variants.end(), [&](const Variant& v) { return v.name == name; }));
+    }
+    spec.variants = std::move(ordered);
+  }
+}
+
+void check_measure(const OrderedJson& doc, Checker& c, Spec& spec) {
+  const OrderedJson* measure = c.member(doc, "", "measure", false);
+  if (!measure) {
+    spec.measure = kDefaultMeasures;
+    return;
+  }
+  if (!measure->is_array()) {
+    c.issue("measure", "expected an array of measurement names, got " + describe(*measure));
+    return;
+  }
+  for (size_t i = 0; i < measure->size(); ++i) {
+    const OrderedJson& entry = (*measure)[i];
+    const std::string p = "measure." + std::to_string(i);
+    if (!entry.is_string() || !contains(kMeasures, entry.get<std::string>())) {
+      c.issue(p, "unknown measurement " + describe(entry) + "; known: " + join(kMeasures));
+    } else if (contains(spec.measure, entry.get<std::string>())) {
+      c.issue(p, "\"" + entry.get<std::string>() + "\" is listed twice");
+    } else {
+      spec.measure.push_back(entry.get<std::string>());
+    }
+  }
+}
+
+void check_verdict(const OrderedJson& doc, Checker& c, Spec& spec, bool variants_ok) {
+  const OrderedJson* verdict = c.member(doc, "", "verdict", true);
+  if (!verdict) return;
+  if (!verdict->is_array() || verdict->empty()) {
+    c.issue("verdict",
+            "expected a non-empty array of clauses such as {\"if\": \"fused.match\", \"then\": \"OK\"} "
+            "ending in {\"else\": \"...\"}, got " +
+                describe(*verdict));
+    return;
+  }
+  std::vector<std::string> variant_names;
+  for (const Variant& v : spec.variants) variant_names.push_back(v.name);
+  for (size_t i = 0; i < verdict->size(); ++i) {
+    const OrderedJson& clause = (*verdict)[i];
+    const std::string p = "verdict." + std::to_string(i);
+    if (!clause.is_object()) {
+      c.issue(p, "expected {\"if\": ..., \"then\": ...} or {\"else\": ...}, got " + describe(clause));
+      continue;
+    }
+    VerdictClause parsed;
+    if (clause.contains("else")) {
+      if (clause.contains("if") || clause.contains("then")) {
+        c.issue(p, "a clause has either \"if\" and \"then\" or only \"else\"");
+      }
+      if (i + 1 != verdict->size()) {
+        c.issue(p, "the else clause must be the last one; the clauses after it would never apply");
+      }
+      parsed.then = c.string(clause, p, "else", true).value_or("");
+    } else {
+      const auto condition = c.string(clause, p, "if", true);
+      parsed.then = c.string(clause, p, "then", true).value_or("");
+      if (condition) {
+        parsed.condition = *condition;
+        // Unknown variants are only worth naming once the variants themselves are valid.
+        const auto problems =
+            check_verdict_condition(*condition, variants_ok ? variant_names : std::vector<std::string>{});
+        for (const std::string& problem : problems) {
+          if (variants_ok || problem.find("unknown variant") == std::string::npos) c.issue(child(p, "if"), problem);
+        }
+        if (problems.empty()) {
+          for (const auto& [variant, metric] : verdict_condition_reads(*condition)) {
+            const bool measured_metric = metric.ends_with("_bytes") || metric.ends_with("_ms");
+            if (measured_metric && !contains(spec.measure, metric)) {
+              c.issue(child(p, "if"), "reads " + variant + "." + metric + " but \"measure\" does not list " + metric,
+                      {"measure"});
+            } else if ((metric == "match" || metric.ends_with("max_abs_err")) && !spec.check) {
+              c.issue(child(p, "if"), "reads " + variant + "." + metric + " but check.enabled is false",
+                      {"check.enabled"});
+            }
+          }
+        }
+      }
+    }
+    if (contains(kReservedVerdicts, parsed.then)) {
+      c.issue(child(p, clause.contains("else") ? "else" : "then"),
+              "\"" + parsed.then + "\" is reserved for outcomes the rule cannot decide; choose another word");
+    }
+    spec.verdict.push_back(std::move(parsed));
+  }
+  if (!verdict->back().is_object() || !verdict->back().contains("else")) {
+    c.issue("verdict", "the rule has no final {\"else\": ...} clause, so some outcomes would have no verdict");
+  }
+}
+
+//! Profiles: an object of objects whose fields the schema knows. `skip` is the applied profile,
+//! which is validated in full after merging.
+void check_profiles(const OrderedJson& doc, const std::string& skip, Checker& checker) {
+  const auto profiles = doc.find("profiles");
+  if (profiles == doc.end()) return;
+  if (!profiles->is_object()) {
+    checker.issue("profiles", "expected an object of named profiles, got " + describe(*profiles));
+    return;
+  }
+  for (const auto& [name, body] : profiles->items()) {
+    if (name == skip) continue;
+    if (!body.is_object()) {
+      checker.issue(child("profiles", name), "expected an object, got " + describe(body));
+    } else {
+      check_known_fields(body, *schema().profile, child("profiles", name), checker);
+    }
+  }
+}
+
+Spec validate(const OrderedJson& doc, const std::string& source, std::vector<Origin> origins, bool allow_faults,
+              std::vector<SpecIssue> earlier_issues) {
+  Checker c(source, std::move(origins), std::move(earlier_issues));
+  Spec spec;
+  spec.source = source;
+  if (!doc.is_object()) {
+    c.issue("", "expected a JSON object at the top level, got " + describe(doc));
+    throw SpecError(std::move(c.issues()));
+  }
+  OrderedJson without_profiles = doc;
+  without_profiles.erase("profiles");
+  check_known_fields(without_profiles, *schema().root, "", c);
+  check_profiles(doc, "", c);
+
+  if (const auto name = c.string(doc, "", "name", true)) {
+    spec.name = *name;
+    if (!is_identifier(*name)) {
+      c.issue("name", "name \"" + *name +
+                          "\" must match [a-z0-9_]+ (it names the experiment on the command line "
+                          "and in the db)");
+    }
+  }
+  spec.hypothesis = c.string(doc, "", "hypothesis", true).value_or("");
+  spec.kind = c.choice(doc, "", "kind", true, "kind", join(kKinds), [](const std::string& s) {
+                 return contains(kKinds, s);
+               }).value_or("");
+  const bool dims_ok = check_dims(doc, c, spec);
+  check_mask(doc, c, spec, dims_ok);
+  if (const OrderedJson* block_mask = c.object(doc, "", "block_mask", false)) {
+    spec.mask_block = c.integer(*block_mask, "block_mask", "block_size", false, 16,
+                                "a positive multiple of 16 (the kernels' tile granularity)", kMaxSize)
+                          .value_or(128);
+    if (spec.mask_block % 16 != 0) {
+      c.issue("block_mask.block_size", "expected a positive multiple of 16 (the kernels' tile granularity), got " +
+                                           std::to_string(spec.mask_block));
+    }
+  }
+  const size_t before_variants = c.count();
+  check_variants(doc, c, spec, allow_faults);
+  const bool variants_ok = c.count() == before_variants;
+  check_measure(doc, c, spec);
+  spec.repeats = static_cast<int>(c.integer(doc, "", "repeats", false, 1, "a positive integer", 1000000).value_or(3));
+  spec.warmup = static_cast<int>(c.integer(doc, "", "warmup", false, 0, "a non-negative integer", 1000000).value_or(1));
+  spec.timeout_s = c.number(doc, "", "timeout_s", 0.0, false, "a positive number of seconds").value_or(600.0);
+  if (const auto seed = c.seed(doc, "", "seed")) spec.seed = *seed;
+  if (const OrderedJson* check = c.object(doc, "", "check", false)) {
+    spec.check = c.boolean(*check, "check", "enabled").value_or(true);
+    spec.tolerance.factor = c.number(*check, "check", "factor", 0.0, false, "a positive number").value_or(2.0);
+    spec.tolerance.atol = c.number(*check, "check", "atol", 0.0, true, "a non-negative number").value_or(1e-5);
+  }
+  check_verdict(doc, c, spec, variants_ok);
+  if (const OrderedJson* profile = c.member(doc, "", "profile", false)) {
+    if (profile->is_string()) {
+      spec.profile = profile->get<std::string>();
+    } else {
+      c.issue("profile", "expected the name of the applied profile (a string), got " + describe(*profile));
+    }
+  }
+  if (c.count() > 0) throw SpecError(std::move(c.issues()));
+
+  OrderedJson resolved = doc;
+  resolved.erase("profiles");
+  resolved["profile"] = spec.profile;
+  resolved["variant_order"] = OrderedJson::array();
+  for (const Variant& v : spec.variants) resolved["variant_order"].push_back(v.name);
+  spec.resolved = nlohmann::json::parse(resolved.dump());
+  return spec;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Profiles and overrides.
+
+void deep_merge(OrderedJson& target, const OrderedJson& patch) {
+  if (!target.is_object() || !patch.is_object()) {
+    target = patch;
+    return;
+  }
+  for (const auto& [key, value] : patch.items()) {
+    if (target.contains(key)) {
+      deep_merge(target[key], value);
+    } else {
+      target[key] = value;
+    }
+  }
+}
+
+//! Paths of the values a profile writes (objects are merged, so their leaves are what changes).
+void leaf_paths(const OrderedJson& value, const std::string& path, std::vector<std::string>& out) {
+  if (value.is_object() && !value.empty()) {
+    for (const auto& [key, member] : value.items()) leaf_paths(member, child(path, key), out);
+  } else {
+    out.push_back(path);
+  }
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::stringstream stream(path);
+  std::string part;
+  while (std::getline(stream, part, '.')) parts.push_back(part);
+  if (!path.empty() && path.back() == '.') parts.emplace_back();
+  return parts;
+}
+
+std::optional<size_t> as_index(const std::string& text) {
+  if (text.empty() || text.size() > 9 ||
+      !std::all_of(text.begin(), text.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    return std::nullopt;
+  }
+  return static_cast<size_t>(std::stoul(text));
+}
+
+//! Applies one "--set path=value"; on a problem reports it and leaves the document unchanged.
+void apply_override(OrderedJson& doc, const std::string& argument, const std::string& source,
+                    std::vector<SpecIssue>& issues, std::vector<Origin>& origins) {
+  const std::string origin = source + " (--set " + argument + ")";
+  const auto equals = argument.find('=');
+  if (equals == std::string::npos || equals == 0) {
+    issues.push_back({origin, "", "--set expects path=value, e.g. dims.anchors=256"});
+    return;
+  }
+  const std::string path = argument.substr(0, equals);
+  const std::string text = argument.substr(equals + 1);
+  OrderedJson value = OrderedJson::parse(text, nullptr, false);
+  if (value.is_discarded()) value = text;
+  const std::vector<std::string> parts = split_path(path);
+
+  // The whole path must exist in the schema before the document is touched.
+  std::vector<SchemaNode::Kind> containers;  // the kind of what parts[i] is looked up in
+  const SchemaNode* node = schema().root.get();
+  std::string walked;
+  for (const std::string& part : parts) {
+    const std::string here = child(walked, part);
+    if (part.empty()) {
+      issues.push_back({origin, path, "empty component in the path"});
+      return;
+    }
+    containers.push_back(node->kind);
+    switch (node->kind) {
+      case SchemaNode::Kind::value:
+        issues.push_back({origin, here, walked + " is a value and has no field \"" + part + "\""});
+        return;
+      case SchemaNode::Kind::object: {
+        if (walked.empty() && (part == "profiles" || part == "profile")) {
+          issues.push_back({origin, here, "profiles are applied before overrides; choose one with --profile"});
+          return;
+        }
+        const SchemaNode* field = node->field(part);
+        if (!field) {
+          issues.push_back({origin, here,
+                            "unknown field \"" + part + "\"; known fields" + (walked.empty() ? "" : " of " + walked) +
+                                ": " + node->field_names()});
+          return;
+        }
+        node = field;
+        break;
+      }
+      case SchemaNode::Kind::map:
+        node = node->element.get();
+        break;
+      case SchemaNode::Kind::array:
+        if (!as_index(part)) {
+          issues.push_back(
+              {origin, here, walked + " is an array; expected an index (0, 1, ...), got \"" + part + "\""});
+          return;
+        }
+        node = node->element.get();
+        break;
+    }
+    walked = here;
+  }
+
+  // The document must have the shape the path walks through; absent objects are created.
+  const OrderedJson* cursor = &doc;  // nullptr once the path leaves what the document has
+  walked.clear();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (containers[i] == SchemaNode::Kind::array) {
+      if (!cursor || !cursor->is_array()) {
+        issues.push_back({origin, walked,
+                          "cannot set " + path + ": " + walked + " is " +
+                              (cursor ? describe(*cursor) : std::string("absent")) + ", not an array"});
+        return;
+      }
+      const size_t index = *as_index(parts[i]);
+      if (index >= cursor->size()) {
+        issues.push_back({origin, child(walked, parts[i]),
+                          "index " + parts[i] + " is out of range: " + walked + " has " +
+                              std::to_string(cursor->size()) + " entries"});
+        return;
+      }
+      cursor = &(*cursor)[index];
+    } else if (cursor && cursor->is_object()) {
+      const auto found = cursor->find(parts[i]);
+      cursor = found == cursor->end() ? nullptr : &*found;
+    } else if (cursor && !cursor->is_null()) {
+      issues.push_back(
+          {origin, walked, "cannot set " + path + ": " + walked + " is " + describe(*cursor) + ", not an object"});
+      return;
+    } else {
+      cursor = nullptr;
+    }
+    walked = child(walked, parts[i]);
+  }
+  OrderedJson* target = &doc;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (containers[i] == SchemaNode::Kind::array) {
+      target = &(*target)[*as_index(parts[i])];
+    } else {
+      if (target->is_null()) *target = OrderedJson::object();
+      target = &(*target)[parts[i]];
+    }
+  }
+  *target = std::move(value);
+  origins.push_back({path, origin});
+}
+
+OrderedJson to_ordered(const nlohmann::json& json) { return OrderedJson::parse(json.dump()); }
+
+}  // namespace
+
+std::string SpecIssue::to_string() const {
+  std::string out = source + ": ";
+  if (!path.empty()) out += path + ": ";
+  return out + message;
+}
+
+namespace {
+std::string describe_issues(const std::vector<SpecIssue>& issues) {
+  std::string out;
+  for (size_t i = 0; i < issues.size(); ++i) out += (i ? "\n" : "") + issues[i].to_string();
+  return out;
+}
+}  // namespace
+
+SpecError::SpecError(std::vector<SpecIssue> issues)
+    : std::runtime_error(describe_issues(issues)), issues_(std::move(issues)) {}
+
+bool has_profile(const nlohmann::json& raw, const std::string& profile) {
+  const auto profiles = raw.find("profiles");
+  return profiles != raw.end() && profiles->is_object() && profiles->contains(profile) &&
+         (*profiles)[profile].is_object();
+}
+
+Spec load_spec_text(const std::string& text, const std::string& source, const LoadOptions& options) {
+  OrderedJson raw;
+  try {
+    raw = OrderedJson::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw SpecError({{source, "", std::string("invalid JSON: ") + e.what()}});
+  }
+  if (!raw.is_object())
+    throw SpecError({{source, "", "expected a JSON object at the top level, got " + describe(raw)}});
+
+  std::vector<SpecIssue> issues;
+  std::vector<Origin> origins;
+  OrderedJson resolved = raw;
+  resolved.erase("profiles");
+
+  // Profiles that are not applied are only checked for unknown fields; the applied one is merged
+  // and validated with the rest, its issues attributed to it.
+  Checker profile_checker(source, {}, {});
+  check_profiles(raw, options.profile, profile_checker);
+  if (!options.profile.empty()) {
+    const std::string profile_source = source + " (profile " + options.profile + ")";
+    if (!has_profile(nlohmann::json::parse(raw.dump()), options.profile)) {
+      std::vector<std::string> names;
+      if (raw.contains("profiles") && raw["profiles"].is_object()) {
+        for (const auto& item : raw["profiles"].items()) names.push_back(item.key());
+      }
+      profile_checker.issue("profiles",
+                            "unknown profile \"" + options.profile + "\"; " +
+                                (names.empty() ? "the spec defines no profiles" : "the spec defines: " + join(names)));
+    } else {
+      if (raw.contains("profile") && raw["profile"] != options.profile && raw["profile"] != "") {
+        profile_checker.issue("profile", "this spec was already resolved with profile " + describe(raw["profile"]));
+      }
+      OrderedJson patch = raw["profiles"][options.profile];
+      for (const std::string key : {"profile", "profiles"}) {
+        if (patch.contains(key)) {
+          profile_checker.issue(child("profiles." + options.profile, key),
+                                "unknown field \"" + key + "\"; known fields of profiles." + options.profile + ": " +
+                                    schema().profile->field_names());
+          patch.erase(key);
+        }
+      }
+      deep_merge(resolved, patch);
+      std::vector<std::string> written;
+      leaf_paths(patch, "", written);
+      for (const std::string& path : written) origins.push_back({path, profile_source});
+      resolved["profile"] = options.profile;
+    }
+  }
+  issues = std::move(profile_checker.issues());
+  for (const std::string& argument : options.overrides) apply_override(resolved, argument, source, issues, origins);
+  return validate(resolved, source, std::move(origins), options.allow_faults, std::move(issues));
+}
+
+Spec load_spec_file(const std::string& path, const LoadOptions& options) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw SpecError({{path, "", "cannot open the spec file"}});
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) throw SpecError({{path, "", "cannot read the spec file"}});
+  return load_spec_text(buffer.str(), path, options);
+}
+
+Spec parse_spec(const nlohmann::json& resolved, const std::string& source, bool allow_faults) {
+  return validate(to_ordered(resolved), source, {}, allow_faults, {});
+}
+
+std::optional<std::string> find_spec(const std::string& name_or_path, const std::vector<std::string>& search_dirs) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path given(name_or_path);
+  if (given.extension() == ".json" && fs::is_regular_file(given, error)) return given.string();
+  if (name_or_path.empty() || given.has_parent_path()) return std::nullopt;
+  const std::string stem = given.extension() == ".json" ? given.stem().string() : name_or_path;
+  for (const std::string& dir : search_dirs) {
+    const fs::path candidate = fs::path(dir) / (stem + ".json");
+    if (fs::is_regular_file(candidate, error)) return candidate.string();
+  }
+  return std::nullopt;
+}
+
+}  // namespace harness::spec

@@ -8,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -110,11 +111,22 @@ struct Verdict {
 
 //! Evaluates the spec's rule. A clause that reads a variant whose trial is "unsupported" gives
 //! INVALID; one that reads a metric a failed trial did not produce gives INCONCLUSIVE; both
-//! name the variant and the reason in the evidence.
+//! name the variant and the reason in the evidence. Such a read counts only when the clause's
+//! outcome depends on it (false && unknown is false, true || unknown is true).
 Verdict evaluate_verdict(const Spec& spec, const std::map<std::string, VariantOutcome>& outcomes);
 
 //! Parses sizes and durations with units: "5GiB", "512MiB", "3e9", "2.5ms", "1s" (bytes, ms).
 std::optional<double> parse_quantity(const std::string& text);
+
+//! The metrics a verdict condition may read ("status" is compared with a word such as ok).
+const std::vector<std::string>& verdict_metrics();
+//! Problems of one verdict condition: syntax, unknown metrics, unknown variants (checked against
+//! `variants`), units that do not fit the metric, unknown status words. Empty when it is fine.
+std::vector<std::string> check_verdict_condition(const std::string& condition,
+                                                 const std::vector<std::string>& variants);
+//! The (variant, metric) pairs a verdict condition reads, in the order written; the condition must
+//! be free of syntax errors (std::invalid_argument otherwise).
+std::vector<std::pair<std::string, std::string>> verdict_condition_reads(const std::string& condition);
 
 //! Searches experiment directories for "<name>.json" (or accepts a path). nullopt if none.
 std::optional<std::string> find_spec(const std::string& name_or_path,

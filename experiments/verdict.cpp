@@ -1,1 +1,422 @@
-// placeholder: being written
+// Verdict rules: quantities with units, the condition grammar, and evaluation against the
+// outcomes of an experiment's variants.
+//
+// Grammar (no parentheses; && binds tighter than ||):
+//   condition  := conjunction ("||" conjunction)*
+//   conjunction:= comparison ("&&" comparison)*
+//   comparison := variant "." metric [op operand]      op: < <= > >= == !=
+// A bare `variant.metric` means `!= 0`; `variant.status` is compared (== or !=) with a word.
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <stdexcept>
+#include <string_view>
+
+#include "experiments/spec.h"
+
+namespace harness::spec {
+namespace {
+
+//! What a quantity measures; metrics ending in _bytes are sizes, those ending in _ms durations.
+enum class Dimension { none, bytes, time };
+
+struct Unit {
+  std::string_view suffix;
+  double scale;  //!< to the base unit: bytes, milliseconds
+  Dimension dimension;
+};
+
+constexpr std::array<Unit, 15> kUnits = {{
+    {"B", 1.0, Dimension::bytes},
+    {"KiB", 1024.0, Dimension::bytes},
+    {"MiB", 1024.0 * 1024.0, Dimension::bytes},
+    {"GiB", 1024.0 * 1024.0 * 1024.0, Dimension::bytes},
+    {"TiB", 1024.0 * 1024.0 * 1024.0 * 1024.0, Dimension::bytes},
+    {"KB", 1e3, Dimension::bytes},
+    {"kB", 1e3, Dimension::bytes},
+    {"MB", 1e6, Dimension::bytes},
+    {"GB", 1e9, Dimension::bytes},
+    {"TB", 1e12, Dimension::bytes},
+    {"ns", 1e-6, Dimension::time},
+    {"us", 1e-3, Dimension::time},
+    {"ms", 1.0, Dimension::time},
+    {"s", 1e3, Dimension::time},
+    {"min", 60e3, Dimension::time},
+}};
+
+constexpr std::string_view kUnitList = "B, KiB, MiB, GiB, TiB, KB, MB, GB, TB, ns, us, ms, s, min";
+
+struct Quantity {
+  double value = 0.0;
+  Dimension dimension = Dimension::none;
+};
+
+std::string_view trim(std::string_view text) {
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos) return {};
+  const auto last = text.find_last_not_of(" \t\r\n");
+  return text.substr(first, last - first + 1);
+}
+
+std::optional<Quantity> parse_quantity_with_dimension(std::string_view text) {
+  text = trim(text);
+  if (text.empty()) return std::nullopt;
+  double number = 0.0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (error != std::errc() || !std::isfinite(number)) return std::nullopt;
+  const std::string_view suffix = trim(text.substr(static_cast<size_t>(end - text.data())));
+  if (suffix.empty()) return Quantity{number, Dimension::none};
+  for (const Unit& unit : kUnits) {
+    if (unit.suffix == suffix) return Quantity{number * unit.scale, unit.dimension};
+  }
+  return std::nullopt;
+}
+
+const std::vector<std::string>& status_words() {
+  static const std::vector<std::string> words = {"ok", "oom", "unsupported", "error", "crashed", "timeout"};
+  return words;
+}
+
+Dimension metric_dimension(std::string_view metric) {
+  if (metric.ends_with("_bytes")) return Dimension::bytes;
+  if (metric.ends_with("_ms")) return Dimension::time;
+  return Dimension::none;
+}
+
+std::string_view dimension_phrase(Dimension dimension) {
+  switch (dimension) {
+    case Dimension::bytes:
+      return "a size in bytes";
+    case Dimension::time:
+      return "a duration";
+    case Dimension::none:
+      return "a plain number";
+  }
+  return "a plain number";
+}
+
+std::string join(const std::vector<std::string>& items, std::string_view separator) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += separator;
+    out += items[i];
+  }
+  return out;
+}
+
+bool is_identifier(std::string_view text) {
+  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+std::vector<std::string_view> split(std::string_view text, std::string_view separator) {
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  for (size_t at = text.find(separator); at != std::string_view::npos; at = text.find(separator, start)) {
+    parts.push_back(text.substr(start, at - start));
+    start = at + separator.size();
+  }
+  parts.push_back(text.substr(start));
+  return parts;
+}
+
+//! One `variant.metric [op operand]` of a condition.
+struct Comparison {
+  std::string text;  //!< as written, trimmed
+  std::string variant;
+  std::string metric;
+  std::string op;  //!< "!=" for a bare read (against 0)
+  double threshold = 0.0;
+  std::string word;  //!< status comparisons
+};
+
+//! A condition as alternatives (||) of conjunctions (&&), with the problems found parsing it.
+struct Condition {
+  std::vector<std::vector<Comparison>> alternatives;
+  std::vector<std::string> problems;
+};
+
+std::optional<Comparison> parse_comparison(std::string_view text, std::vector<std::string>& problems) {
+  Comparison comparison;
+  comparison.text = std::string(text);
+  const std::string quoted = "\"" + comparison.text + "\"";
+  static constexpr std::array<std::string_view, 6> kOperators = {"<=", ">=", "==", "!=", "<", ">"};
+  size_t op_at = std::string_view::npos;
+  std::string_view op;
+  for (size_t i = 0; i < text.size() && op_at == std::string_view::npos; ++i) {
+    for (std::string_view candidate : kOperators) {
+      if (text.substr(i, candidate.size()) == candidate) {
+        op_at = i;
+        op = candidate;
+        break;
+      }
+    }
+    if (op_at == std::string_view::npos && text[i] == '=') {
+      problems.push_back("in " + quoted + ": a single \"=\"; compare with \"==\"");
+      return std::nullopt;
+    }
+  }
+  const std::string_view reference = trim(text.substr(0, op_at));
+  const auto dot = reference.find('.');
+  if (dot == std::string_view::npos || !is_identifier(reference.substr(0, dot)) ||
+      !is_identifier(reference.substr(dot + 1))) {
+    problems.push_back("in " + quoted + ": expected variant.metric (lower-case letters, digits, _) before " +
+                       (op.empty() ? std::string("the end") : "\"" + std::string(op) + "\"") + ", got \"" +
+                       std::string(reference) + "\"");
+    return std::nullopt;
+  }
+  comparison.variant = std::string(reference.substr(0, dot));
+  comparison.metric = std::string(reference.substr(dot + 1));
+  const auto& metrics = verdict_metrics();
+  if (std::find(metrics.begin(), metrics.end(), comparison.metric) == metrics.end()) {
+    problems.push_back("in " + quoted + ": unknown metric \"" + comparison.metric +
+                       "\"; known metrics: " + join(metrics, ", "));
+    return std::nullopt;
+  }
+  const std::string_view operand = op.empty() ? std::string_view() : trim(text.substr(op_at + op.size()));
+  if (comparison.metric == "status") {
+    if (op != "==" && op != "!=") {
+      problems.push_back("in " + quoted + ": status is compared with == or != and a word, e.g. \"" +
+                         comparison.variant + ".status == ok\"");
+      return std::nullopt;
+    }
+    const auto& words = status_words();
+    if (std::find(words.begin(), words.end(), operand) == words.end()) {
+      problems.push_back("in " + quoted + ": unknown status \"" + std::string(operand) +
+                         "\"; statuses: " + join(words, ", "));
+      return std::nullopt;
+    }
+    comparison.op = std::string(op);
+    comparison.word = std::string(operand);
+    return comparison;
+  }
+  if (op.empty()) {
+    comparison.op = "!=";
+    comparison.threshold = 0.0;
+    return comparison;
+  }
+  const auto quantity = parse_quantity_with_dimension(operand);
+  if (!quantity) {
+    problems.push_back("in " + quoted + ": expected a number with an optional unit (" + std::string(kUnitList) +
+                       ") after \"" + std::string(op) + "\", got \"" + std::string(operand) + "\"");
+    return std::nullopt;
+  }
+  const Dimension expected = metric_dimension(comparison.metric);
+  if (quantity->dimension != Dimension::none && quantity->dimension != expected) {
+    problems.push_back("in " + quoted + ": \"" + std::string(operand) + "\" is " +
+                       std::string(dimension_phrase(quantity->dimension)) + " but " + comparison.metric + " is " +
+                       std::string(dimension_phrase(expected)));
+    return std::nullopt;
+  }
+  comparison.op = std::string(op);
+  comparison.threshold = quantity->value;
+  return comparison;
+}
+
+Condition parse_condition(const std::string& text) {
+  Condition condition;
+  if (trim(text).empty()) {
+    condition.problems.push_back("the condition is empty");
+    return condition;
+  }
+  for (std::string_view alternative : split(text, "||")) {
+    std::vector<Comparison> conjunction;
+    for (std::string_view part : split(alternative, "&&")) {
+      part = trim(part);
+      if (part.empty()) {
+        condition.problems.push_back("in \"" + text + "\": an empty comparison next to && or ||");
+        continue;
+      }
+      if (auto comparison = parse_comparison(part, condition.problems)) conjunction.push_back(std::move(*comparison));
+    }
+    condition.alternatives.push_back(std::move(conjunction));
+  }
+  return condition;
+}
+
+bool compare(double value, const std::string& op, double threshold) {
+  if (op == "<") return value < threshold;
+  if (op == "<=") return value <= threshold;
+  if (op == ">") return value > threshold;
+  if (op == ">=") return value >= threshold;
+  if (op == "==") return value == threshold;
+  return value != threshold;
+}
+
+//! A read that could not be made: the verdict it forces and why.
+struct Unreadable {
+  std::string verdict;
+  nlohmann::json details;
+};
+
+//! Reads one comparison's value: the evidence entry and whether it held, or why it cannot be read.
+struct Reading {
+  nlohmann::json entry;
+  bool held = false;
+  std::optional<Unreadable> unreadable;
+};
+
+Reading read(const Comparison& comparison, const std::map<std::string, VariantOutcome>& outcomes) {
+  Reading reading;
+  const auto found = outcomes.find(comparison.variant);
+  if (found == outcomes.end()) {
+    reading.unreadable = Unreadable{"INCONCLUSIVE",
+                                    {{"reason", "no outcome was recorded for variant \"" + comparison.variant + "\""},
+                                     {"variant", comparison.variant},
+                                     {"metric", comparison.metric},
+                                     {"status", "missing"},
+                                     {"error", ""}}};
+    return reading;
+  }
+  const VariantOutcome& outcome = found->second;
+  reading.entry = {{"comparison", comparison.text},
+                   {"variant", comparison.variant},
+                   {"metric", comparison.metric},
+                   {"op", comparison.op}};
+  if (comparison.metric == "status") {
+    reading.held = (outcome.status == comparison.word) == (comparison.op == "==");
+    reading.entry["value"] = outcome.status;
+    reading.entry["expected"] = comparison.word;
+    reading.entry["held"] = reading.held;
+    return reading;
+  }
+  const nlohmann::json failure = {{"variant", comparison.variant},
+                                  {"metric", comparison.metric},
+                                  {"status", outcome.status},
+                                  {"error", outcome.error}};
+  if (outcome.status == "unsupported") {
+    reading.unreadable = Unreadable{"INVALID", failure};
+    reading.unreadable->details["reason"] =
+        "variant \"" + comparison.variant + "\" is unsupported in this configuration: " + outcome.error;
+    return reading;
+  }
+  const auto value = outcome.values.find(comparison.metric);
+  if (value == outcome.values.end()) {
+    reading.unreadable = Unreadable{"INCONCLUSIVE", failure};
+    reading.unreadable->details["reason"] =
+        outcome.status == "ok"
+            ? "variant \"" + comparison.variant + "\" ran but recorded no " + comparison.metric
+            : "variant \"" + comparison.variant + "\" did not produce " + comparison.metric + ": its trial ended " +
+                  outcome.status + (outcome.error.empty() ? std::string() : ": " + outcome.error);
+    return reading;
+  }
+  reading.held = compare(value->second, comparison.op, comparison.threshold);
+  reading.entry["value"] = value->second;
+  reading.entry["threshold"] = comparison.threshold;
+  reading.entry["held"] = reading.held;
+  return reading;
+}
+
+}  // namespace
+
+std::optional<double> parse_quantity(const std::string& text) {
+  const auto quantity = parse_quantity_with_dimension(text);
+  if (!quantity) return std::nullopt;
+  return quantity->value;
+}
+
+const std::vector<std::string>& verdict_metrics() {
+  static const std::vector<std::string> metrics = {
+      "fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms",         "bwd_ms",      "match", "out_max_abs_err",
+      "dq_max_abs_err", "dk_max_abs_err", "dv_max_abs_err", "max_abs_err", "status"};
+  return metrics;
+}
+
+std::vector<std::string> check_verdict_condition(const std::string& condition,
+                                                 const std::vector<std::string>& variants) {
+  Condition parsed = parse_condition(condition);
+  std::vector<std::string> unknown;
+  for (const auto& conjunction : parsed.alternatives) {
+    for (const Comparison& comparison : conjunction) {
+      if (std::find(variants.begin(), variants.end(), comparison.variant) == variants.end() &&
+          std::find(unknown.begin(), unknown.end(), comparison.variant) == unknown.end()) {
+        unknown.push_back(comparison.variant);
+        parsed.problems.push_back("in \"" + comparison.text + "\": unknown variant \"" + comparison.variant +
+                                  "\"; variants: " + join(variants, ", "));
+      }
+    }
+  }
+  return parsed.problems;
+}
+
+std::vector<std::pair<std::string, std::string>> verdict_condition_reads(const std::string& condition) {
+  const Condition parsed = parse_condition(condition);
+  if (!parsed.problems.empty()) throw std::invalid_argument("verdict condition: " + parsed.problems.front());
+  std::vector<std::pair<std::string, std::string>> reads;
+  for (const auto& conjunction : parsed.alternatives) {
+    for (const Comparison& comparison : conjunction) reads.emplace_back(comparison.variant, comparison.metric);
+  }
+  return reads;
+}
+
+Verdict evaluate_verdict(const Spec& spec, const std::map<std::string, VariantOutcome>& outcomes) {
+  nlohmann::json rejected = nlohmann::json::array();
+  for (size_t index = 0; index < spec.verdict.size(); ++index) {
+    const VerdictClause& clause = spec.verdict[index];
+    if (clause.condition.empty()) {
+      return {clause.then, {{"clause", index}, {"else", true}, {"then", clause.then}, {"rejected", rejected}}};
+    }
+    const Condition condition = parse_condition(clause.condition);
+    if (!condition.problems.empty()) {
+      throw std::invalid_argument("verdict clause " + std::to_string(index) + " of " + spec.name + ": " +
+                                  condition.problems.front());
+    }
+    // Three-valued: a comparison that cannot be read is unknown; false && unknown is false and
+    // true || unknown is true, so a variant matters only when the clause's outcome depends on it.
+    nlohmann::json values = nlohmann::json::array();
+    std::optional<Unreadable> unknown;  // why the clause is undecided; INVALID before INCONCLUSIVE
+    bool held = false;
+    for (const auto& conjunction : condition.alternatives) {
+      std::optional<Unreadable> conjunction_unknown;
+      bool conjunction_false = false;
+      for (const Comparison& comparison : conjunction) {
+        Reading reading = read(comparison, outcomes);
+        if (reading.unreadable) {
+          if (!conjunction_unknown) {
+            conjunction_unknown = std::move(reading.unreadable);
+            conjunction_unknown->details["comparison"] = comparison.text;
+          }
+          continue;
+        }
+        values.push_back(std::move(reading.entry));
+        if (!reading.held) {
+          conjunction_false = true;
+          break;
+        }
+      }
+      if (conjunction_false) continue;
+      if (!conjunction_unknown) {
+        held = true;
+        break;
+      }
+      if (!unknown || (unknown->verdict != "INVALID" && conjunction_unknown->verdict == "INVALID")) {
+        unknown = std::move(conjunction_unknown);
+      }
+    }
+    if (held) {
+      return {clause.then,
+              {{"clause", index},
+               {"if", clause.condition},
+               {"then", clause.then},
+               {"values", values},
+               {"rejected", rejected}}};
+    }
+    if (unknown) {
+      nlohmann::json evidence = std::move(unknown->details);
+      evidence["clause"] = index;
+      evidence["if"] = clause.condition;
+      evidence["values"] = values;
+      evidence["rejected"] = rejected;
+      return {unknown->verdict, std::move(evidence)};
+    }
+    rejected.push_back({{"clause", index}, {"if", clause.condition}, {"values", values}});
+  }
+  // Validation demands a final else, so this is reached only for a Spec built by hand.
+  return {"INCONCLUSIVE",
+          {{"reason", "no verdict clause held and the rule has no else clause"}, {"rejected", rejected}}};
+}
+
+}  // namespace harness::spec

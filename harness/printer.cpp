@@ -1,1 +1,65 @@
-// placeholder: being written
+#include "harness/printer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ostream>
+
+#include <fmt/format.h>
+
+namespace harness {
+
+void print_table(std::ostream& out, const Table& table) {
+  const size_t columns = table.headers.size();
+  std::vector<size_t> width(columns, 0);
+  for (size_t c = 0; c < columns; ++c) width[c] = table.headers[c].size();
+  for (const auto& row : table.rows)
+    for (size_t c = 0; c < std::min(columns, row.size()); ++c) width[c] = std::max(width[c], row[c].size());
+
+  auto emit = [&](const std::vector<std::string>& cells) {
+    std::string line;
+    for (size_t c = 0; c < columns; ++c) {
+      const std::string cell = c < cells.size() ? cells[c] : "";
+      const bool right = c < table.right_align.size() && table.right_align[c];
+      const std::string pad(width[c] - std::min(width[c], cell.size()), ' ');
+      line += right ? pad + cell : cell + (c + 1 < columns ? pad : "");
+      if (c + 1 < columns) line += "  ";
+    }
+    out << line << '\n';
+  };
+  emit(table.headers);
+  std::vector<std::string> rule;
+  for (size_t c = 0; c < columns; ++c) rule.emplace_back(width[c], '-');
+  emit(rule);
+  for (const auto& row : table.rows) emit(row);
+}
+
+void print_json(std::ostream& out, const nlohmann::json& value) { out << value.dump(2) << '\n'; }
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  double scaled = bytes;
+  while (std::fabs(scaled) >= 1024.0 && unit < 4) {
+    scaled /= 1024.0;
+    ++unit;
+  }
+  if (unit == 0) return fmt::format("{:.0f} B", scaled);
+  return fmt::format("{:.{}f} {}", scaled, std::fabs(scaled) < 10 ? 2 : (std::fabs(scaled) < 100 ? 1 : 0), units[unit]);
+}
+
+std::string format_ms(double ms) {
+  if (ms >= 10000.0) return fmt::format("{:.1f} s", ms / 1000.0);
+  if (ms >= 100.0) return fmt::format("{:.0f} ms", ms);
+  if (ms >= 10.0) return fmt::format("{:.1f} ms", ms);
+  return fmt::format("{:.3f} ms", ms);
+}
+
+std::string format_value(double value, const std::string& unit) {
+  if (unit == "bytes") return format_bytes(value);
+  if (unit == "ms") return format_ms(value);
+  if (std::isnan(value)) return "nan";
+  if (value == std::floor(value) && std::fabs(value) < 1e15) return fmt::format("{:.0f}", value);
+  return fmt::format("{:.4g}", value);
+}
+
+}  // namespace harness

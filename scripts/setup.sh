@@ -14,7 +14,7 @@ torch_version=2.11.0
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 debs=(build-essential cmake ninja-build git python3 python3-venv libsqlite3-dev libcli11-dev
-      libspdlog-dev libfmt-dev nlohmann-json3-dev catch2)
+      libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 ccache)
 if [[ "${HARNESS_SKIP_APT:-0}" != 1 ]]; then
   missing=()
   for p in "${debs[@]}"; do
@@ -35,8 +35,14 @@ if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
 fi
 torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 
+launcher=()
+if command -v ccache >/dev/null; then
+  # A fresh clone in another folder still hits the cache: paths are hashed relative to the root.
+  export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
 log "configuring $build_dir"
-cmake -S "$root" -B "$build_dir" -G Ninja \
+cmake -S "$root" -B "$build_dir" -G Ninja "${launcher[@]}" \
   -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" \
   -DCMAKE_PREFIX_PATH="$torch_prefix" ${CMAKE_EXTRA_ARGS:-} >"$build_dir.configure.log" 2>&1 \
   || { cat "$build_dir.configure.log" >&2; exit 3; }

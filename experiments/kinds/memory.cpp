@@ -1,1 +1,185 @@
-// placeholder: being written
+#include "experiments/kinds/memory.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <mutex>
+#include <regex>
+#include <stdexcept>
+
+namespace harness::kinds {
+namespace {
+
+// Wraps the default CPU allocator; each allocation carries its size in the DataPtr context.
+class TrackingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit TrackingCpuAllocator(c10::Allocator* base) : base_(base) {}
+
+  c10::DataPtr allocate(size_t bytes) override {
+    c10::DataPtr inner = base_->allocate(bytes);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    auto* context = new Allocation{std::move(inner), static_cast<int64_t>(bytes), this};
+    add(static_cast<int64_t>(bytes));
+    return {data, context, &release, device};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+  int64_t current() const { return current_.load(); }
+  int64_t peak() const { return peak_.load(); }
+  void reset_peak() { peak_.store(current_.load()); }
+
+ private:
+  struct Allocation {
+    c10::DataPtr inner;
+    int64_t bytes;
+    TrackingCpuAllocator* owner;
+  };
+  static void release(void* context) {
+    auto* allocation = static_cast<Allocation*>(context);
+    allocation->owner->add(-allocation->bytes);
+    delete allocation;  // frees through the inner DataPtr's deleter
+  }
+  void add(int64_t delta) {
+    const int64_t now = current_.fetch_add(delta) + delta;
+    int64_t seen = peak_.load();
+    while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
+    }
+  }
+
+  c10::Allocator* base_;
+  std::atomic<int64_t> current_{0};
+  std::atomic<int64_t> peak_{0};
+};
+
+TrackingCpuAllocator* g_cpu_tracker = nullptr;
+std::once_flag g_cpu_once;
+
+std::atomic<int64_t> g_last_oom_request{-1};
+std::once_flag g_oom_once;
+
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+}  // namespace
+
+void install_cpu_tracking_allocator() {
+  std::call_once(g_cpu_once, [] {
+    // Leaked on purpose: tensors may outlive any scope that could own it.
+    g_cpu_tracker = new TrackingCpuAllocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(g_cpu_tracker, /*priority=*/100);
+  });
+}
+
+MemoryMeter::MemoryMeter(const at::Device& device) : device_(device) {
+  if (device_.is_cpu()) install_cpu_tracking_allocator();
+}
+
+void MemoryMeter::reset_peak() {
+  if (device_.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
+  } else {
+    g_cpu_tracker->reset_peak();
+  }
+}
+
+int64_t MemoryMeter::current() const {
+  if (device_.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+  }
+  return g_cpu_tracker->current();
+}
+
+int64_t MemoryMeter::peak() const {
+  if (device_.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+  }
+  return g_cpu_tracker->peak();
+}
+
+PhaseTimer::PhaseTimer(const at::Device& device) : device_(device) {
+  if (device_.is_cuda()) {
+    cudaEvent_t start_event, stop_event;
+    check_cuda(cudaEventCreate(&start_event), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&stop_event), "cudaEventCreate");
+    start_event_ = start_event;
+    stop_event_ = stop_event;
+  }
+}
+
+PhaseTimer::~PhaseTimer() {
+  if (start_event_) cudaEventDestroy(static_cast<cudaEvent_t>(start_event_));
+  if (stop_event_) cudaEventDestroy(static_cast<cudaEvent_t>(stop_event_));
+}
+
+void PhaseTimer::start() {
+  if (device_.is_cuda()) {
+    const auto stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(start_event_), stream), "cudaEventRecord");
+  } else {
+    host_start_ = std::chrono::steady_clock::now();
+  }
+}
+
+double PhaseTimer::stop() {
+  if (device_.is_cuda()) {
+    const auto stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(stop_event_), stream), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(stop_event_)), "cudaEventSynchronize");
+    float ms = 0.0f;
+    check_cuda(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_event_),
+                                    static_cast<cudaEvent_t>(stop_event_)),
+               "cudaEventElapsedTime");
+    return ms;
+  }
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start_).count();
+}
+
+void synchronize(const at::Device& device) {
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+}
+
+std::optional<int64_t> requested_bytes_from_message(const std::string& message) {
+  static const std::regex plain(R"(tried to allocate (\d+) bytes)", std::regex::icase);
+  static const std::regex with_unit(R"(Tried to allocate ([0-9.]+) ?(B|KiB|MiB|GiB|TiB|bytes))");
+  std::smatch match;
+  if (std::regex_search(message, match, plain)) return std::stoll(match[1].str());
+  if (std::regex_search(message, match, with_unit)) {
+    const double value = std::stod(match[1].str());
+    const std::string unit = match[2].str();
+    double scale = 1.0;
+    if (unit == "KiB") scale = 1024.0;
+    if (unit == "MiB") scale = 1024.0 * 1024.0;
+    if (unit == "GiB") scale = 1024.0 * 1024.0 * 1024.0;
+    if (unit == "TiB") scale = 1024.0 * 1024.0 * 1024.0 * 1024.0;
+    return static_cast<int64_t>(value * scale);
+  }
+  return std::nullopt;
+}
+
+void watch_cuda_oom(const at::Device& device) {
+  if (!device.is_cuda()) return;
+  std::call_once(g_oom_once, [] {
+    c10::cuda::CUDACachingAllocator::attachOutOfMemoryObserver(
+        [](int64_t /*device*/, size_t alloc, size_t /*total*/, size_t /*free*/) {
+          g_last_oom_request.store(static_cast<int64_t>(alloc));
+        });
+  });
+}
+
+std::optional<int64_t> last_cuda_oom_request() {
+  const int64_t value = g_last_oom_request.load();
+  if (value < 0) return std::nullopt;
+  return value;
+}
+
+}  // namespace harness::kinds

@@ -1,0 +1,28 @@
+#pragma once
+// Subcommand registration: one file per subcommand (STYLE.md 9). Each adds its CLI11
+// subcommand and returns the action main() runs when it was chosen; the action returns the
+// exit code.
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+#include "harness/common.h"
+
+namespace harness {
+
+using Action = std::function<int()>;
+
+Action add_run_command(CLI::App& app, GlobalOptions& options);
+Action add_list_command(CLI::App& app, GlobalOptions& options);
+Action add_runs_command(CLI::App& app, GlobalOptions& options);
+Action add_show_command(CLI::App& app, GlobalOptions& options);
+Action add_env_command(CLI::App& app, GlobalOptions& options);
+//! Hidden: `__trial` (one trial inside the child) and `__env` (fingerprint of a device, in a child).
+Action add_trial_command(CLI::App& app, GlobalOptions& options);
+Action add_env_child_command(CLI::App& app, GlobalOptions& options);
+
+//! Adds --db, --json, --log-level and --experiments-dir to a subcommand.
+void add_global_options(CLI::App& command, GlobalOptions& options);
+
+}  // namespace harness

@@ -1,0 +1,191 @@
+#include "harness/run_report.h"
+
+#include <algorithm>
+#include <ostream>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "harness/printer.h"
+#include "harness/summary.h"
+
+namespace harness {
+namespace {
+
+// Metrics shown first, in this order; any others follow alphabetically.
+const std::vector<std::string> kMetricOrder = {"fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms", "bwd_ms", "match",
+                                               "max_abs_err"};
+
+std::vector<std::string> ordered_metric_names(const db::RunDetail& detail, bool all) {
+  std::set<std::string> present;
+  for (const auto& m : detail.metrics) present.insert(m.name);
+  std::vector<std::string> names;
+  for (const auto& name : kMetricOrder)
+    if (present.count(name)) names.push_back(name);
+  if (all)
+    for (const auto& name : present)
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  return names;
+}
+
+std::string summary_cell(const MetricSummary& s) {
+  std::string cell = format_value(s.median, s.unit);
+  if (s.count > 1 && s.max > s.min && s.unit == "ms")
+    cell += fmt::format(" [{}–{}]", format_value(s.min, s.unit), format_value(s.max, s.unit));
+  return cell;
+}
+
+void print_metrics(std::ostream& out, const db::RunDetail& detail, bool all) {
+  const auto summaries = summarize(detail.metrics);
+  Table table;
+  table.headers = {"metric"};
+  table.right_align = {false};
+  for (const auto& trial : detail.trials) {
+    table.headers.push_back(trial.variant);
+    table.right_align.push_back(true);
+  }
+  for (const auto& name : ordered_metric_names(detail, all)) {
+    std::vector<std::string> row = {name};
+    for (const auto& trial : detail.trials) {
+      const auto found = summaries.find({trial.variant, name});
+      row.push_back(found == summaries.end() ? "-" : summary_cell(found->second));
+    }
+    table.rows.push_back(std::move(row));
+  }
+  if (!table.rows.empty()) print_table(out, table);
+}
+
+void print_trials(std::ostream& out, const db::RunDetail& detail) {
+  Table table;
+  table.headers = {"variant", "status", "time", "exit", "error"};
+  table.right_align = {false, false, true, false, false};
+  for (const auto& trial : detail.trials) {
+    std::string exit = trial.signal ? fmt::format("signal {}", *trial.signal)
+                                    : trial.exit_code ? std::to_string(*trial.exit_code) : "-";
+    std::string error = first_line(trial.error);
+    if (trial.requested_bytes) error += fmt::format(" (requested {})", format_bytes(static_cast<double>(*trial.requested_bytes)));
+    table.rows.push_back({trial.variant, trial.status, fmt::format("{:.1f} s", trial.duration_s), exit, error});
+  }
+  print_table(out, table);
+}
+
+void print_verdict(std::ostream& out, const db::RunDetail& detail) {
+  const auto& evidence = detail.run.evidence;
+  out << "verdict: " << (detail.run.verdict.empty() ? "(none)" : detail.run.verdict);
+  if (evidence.contains("if") && evidence["if"].is_string()) out << "   (rule: " << evidence["if"].get<std::string>() << ")";
+  else if (evidence.contains("then") && !evidence.contains("if")) out << "   (rule: else)";
+  out << '\n';
+  if (evidence.contains("reason") && evidence["reason"].is_string())
+    out << "  " << evidence["reason"].get<std::string>() << '\n';
+  // The values the deciding clause read, in the units of their metrics.
+  if (!evidence.contains("values") || !evidence["values"].is_array()) return;
+  for (const auto& value : evidence["values"]) {
+    const std::string metric = value.value("metric", "");
+    const std::string unit = metric.find("bytes") != std::string::npos ? "bytes"
+                             : metric.size() > 3 && metric.substr(metric.size() - 3) == "_ms" ? "ms" : "";
+    std::string line = "  " + value.value("variant", "") + "." + metric;
+    if (value.contains("value") && value["value"].is_number())
+      line += " = " + format_value(value["value"].get<double>(), unit);
+    if (value.contains("threshold") && value["threshold"].is_number() && value.value("op", "") != "!=")
+      line += "  " + value.value("op", "") + " " + format_value(value["threshold"].get<double>(), unit);
+    if (value.contains("held")) line += value["held"].get<bool>() ? "  (holds)" : "  (does not hold)";
+    out << line << '\n';
+  }
+}
+
+}  // namespace
+
+std::string first_line(const std::string& text) {
+  const auto newline = text.find('\n');
+  return newline == std::string::npos ? text : text.substr(0, newline);
+}
+
+nlohmann::json run_detail_json(const db::RunDetail& detail) {
+  const auto& run = detail.run;
+  nlohmann::json json;
+  json["run"] = {{"id", run.id},           {"experiment", run.experiment}, {"spec_hash", run.spec_hash},
+                 {"env_id", run.env_id},   {"device", run.device},         {"profile", run.profile},
+                 {"status", run.status},   {"verdict", run.verdict},       {"evidence", run.evidence},
+                 {"args", run.args},       {"error", run.error},           {"started_at", run.started_at},
+                 {"finished_at", run.finished_at}};
+  if (run.replay_of) json["run"]["replay_of"] = *run.replay_of;
+  json["env"] = detail.env;
+  json["spec"] = detail.spec;
+  json["trials"] = nlohmann::json::array();
+  for (const auto& t : detail.trials) {
+    nlohmann::json trial = {{"id", t.id},         {"variant", t.variant},         {"point", t.point},
+                            {"status", t.status}, {"error", t.error},             {"stderr_tail", t.stderr_tail},
+                            {"dispatch", t.dispatch}, {"duration_s", t.duration_s}, {"started_at", t.started_at}};
+    trial["exit_code"] = t.exit_code ? nlohmann::json(*t.exit_code) : nlohmann::json();
+    trial["signal"] = t.signal ? nlohmann::json(*t.signal) : nlohmann::json();
+    trial["requested_bytes"] = t.requested_bytes ? nlohmann::json(*t.requested_bytes) : nlohmann::json();
+    json["trials"].push_back(std::move(trial));
+  }
+  json["summary"] = nlohmann::json::object();
+  for (const auto& [key, s] : summarize(detail.metrics))
+    json["summary"][key.first.empty() ? "run" : key.first][key.second] = {
+        {"median", s.median}, {"min", s.min}, {"max", s.max}, {"count", s.count}, {"unit", s.unit}};
+  json["metrics"] = nlohmann::json::array();
+  for (const auto& m : detail.metrics)
+    json["metrics"].push_back({{"variant", m.variant}, {"point", m.point}, {"name", m.name},
+                               {"value", m.value},     {"unit", m.unit},   {"repeat", m.repeat}});
+  json["artifacts"] = nlohmann::json::array();
+  for (const auto& a : detail.artifacts)
+    json["artifacts"].push_back({{"id", a.id}, {"kind", a.kind}, {"sha256", a.sha256}, {"path", a.path}, {"bytes", a.bytes}});
+  return json;
+}
+
+void print_run_summary(std::ostream& out, const db::RunDetail& detail) {
+  out << fmt::format("run {} · {} · {}{} · status {}\n", detail.run.id, detail.run.experiment, detail.run.device,
+                     detail.run.profile.empty() ? "" : " (profile " + detail.run.profile + ")", detail.run.status);
+  print_metrics(out, detail, false);
+  print_verdict(out, detail);
+  out << fmt::format("stored: `harness show {}` for env, dispatch trace and errors\n", detail.run.id);
+}
+
+void print_run_detail(std::ostream& out, const db::RunDetail& detail) {
+  const auto& run = detail.run;
+  const auto& spec = detail.spec;
+  out << fmt::format("run {} · {}\n", run.id, run.experiment);
+  if (spec.contains("hypothesis")) out << "hypothesis: " << spec["hypothesis"].get<std::string>() << '\n';
+  out << fmt::format("device {} · profile {} · status {} · started {} · finished {}\n", run.device,
+                     run.profile.empty() ? "none" : run.profile, run.status, run.started_at,
+                     run.finished_at.empty() ? "-" : run.finished_at);
+  if (spec.contains("dims")) out << "dims: " << spec["dims"].dump() << '\n';
+  if (spec.contains("mask")) out << "mask: " << spec["mask"].dump() << '\n';
+  if (!run.args.empty()) out << "args: " << run.args.dump() << '\n';
+  if (!run.error.empty()) out << "error: " << run.error << '\n';
+
+  out << "\ntrials\n";
+  print_trials(out, detail);
+  out << "\nmetrics (median over repeats, [min–max] for times)\n";
+  print_metrics(out, detail, true);
+  out << '\n';
+  print_verdict(out, detail);
+
+  out << "\ndispatch trace\n";
+  Table dispatch;
+  dispatch.headers = {"variant", "op", "impl", "device", "calls", "config", "reason"};
+  for (const auto& trial : detail.trials)
+    for (const auto& d : trial.dispatch)
+      dispatch.rows.push_back({trial.variant, d.value("op", ""), d.value("impl", ""), d.value("device", ""),
+                               std::to_string(d.value("calls", 1)), d.value("config", ""), d.value("reason", "")});
+  if (dispatch.rows.empty()) out << "  (none recorded)\n";
+  else print_table(out, dispatch);
+
+  out << fmt::format("\nenv {}\n", run.env_id.substr(0, 16));
+  Table env;
+  env.headers = {"key", "value"};
+  for (const auto& [key, value] : detail.env.items())
+    env.rows.push_back({key, value.is_string() ? value.get<std::string>() : value.dump()});
+  print_table(out, env);
+
+  for (const auto& trial : detail.trials) {
+    if (trial.status == "ok" || trial.stderr_tail.empty()) continue;
+    out << fmt::format("\nstderr of {} ({}), last lines:\n", trial.variant, trial.status);
+    out << trial.stderr_tail;
+    if (trial.stderr_tail.back() != '\n') out << '\n';
+  }
+}
+
+}  // namespace harness

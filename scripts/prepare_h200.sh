@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Run HERE (Debian, with network) before a device call: the H200 image has libsqlite3.so.0 but
+# no sqlite3.h and no network, so Debian's libsqlite3-dev headers are unpacked into .deps/
+# (ignored by git) and the device call names `.deps` in its `carry` list.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+mkdir -p "$root/.deps" && cd "$root/.deps"
+if [[ ! -f sqlite3/usr/include/sqlite3.h ]]; then
+  apt-get download libsqlite3-dev >/dev/null
+  dpkg -x libsqlite3-dev_*.deb sqlite3
+  rm -f libsqlite3-dev_*.deb
+fi
+echo "ready: $root/.deps/sqlite3/usr/include/sqlite3.h"

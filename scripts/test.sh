@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite: set up and build everything (scripts/setup.sh), then run CTest.
+# GPU tests ([cuda]) are registered only with -DHARNESS_TEST_CUDA=ON (scripts/h200_build.sh).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=${BUILD_DIR:-$root/build}
+"$root/scripts/setup.sh"
+cd "$build_dir"
+ctest --output-on-failure "$@"
