@@ -1,1 +1,137 @@
-// placeholder: being written
+#include "kernels/attention.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <sstream>
+#include <utility>
+
+#ifdef HARNESS_WITH_CUDA_KERNELS
+#include "kernels/cuda/fused_attention_cuda.h"
+#endif
+
+namespace harness::kernels {
+
+MaskContext::MaskContext(ResolvedMask mask) : mask_(std::move(mask)) {}
+
+const BlockMask& MaskContext::block_mask(int64_t block_m, int64_t block_n, const at::Device& device) {
+  std::lock_guard lock(mutex_);
+  const auto key = std::make_tuple(block_m, block_n, device.str());
+  auto found = block_masks_.find(key);
+  if (found != block_masks_.end()) return found->second;
+  // A device copy is made from the CPU one, which is then cached as well.
+  const auto cpu_key = std::make_tuple(block_m, block_n, at::Device(at::kCPU).str());
+  auto cpu = block_masks_.find(cpu_key);
+  if (cpu == block_masks_.end()) cpu = block_masks_.emplace(cpu_key, build_block_mask(mask_, block_m, block_n)).first;
+  if (device.is_cpu()) return cpu->second;
+  return block_masks_.emplace(key, cpu->second.to(device)).first->second;
+}
+
+namespace {
+
+// One cached tensor per device string; std::map nodes never move, so references stay valid.
+template <typename Make>
+const at::Tensor& cached(std::map<std::string, at::Tensor>& cache, const at::Device& device, Make&& make) {
+  auto found = cache.find(device.str());
+  if (found == cache.end()) found = cache.emplace(device.str(), make().to(device)).first;
+  return found->second;
+}
+
+at::Tensor int32_tensor(const std::vector<int64_t>& values) {
+  at::Tensor tensor = at::empty({static_cast<int64_t>(values.size())}, at::kInt);
+  auto* data = tensor.data_ptr<int32_t>();
+  for (std::size_t i = 0; i < values.size(); ++i) data[i] = static_cast<int32_t>(values[i]);
+  return tensor;
+}
+
+}  // namespace
+
+const at::Tensor& MaskContext::anchors(const at::Device& device) {
+  std::lock_guard lock(mutex_);
+  return cached(anchors_, device, [&] { return int32_tensor(mask_.anchors); });
+}
+
+const at::Tensor& MaskContext::doc_id(const at::Device& device) {
+  std::lock_guard lock(mutex_);
+  return cached(doc_id_, device, [&] {
+    return at::tensor(at::ArrayRef<int32_t>(mask_.doc_id), at::kInt);
+  });
+}
+
+const at::Tensor& MaskContext::dense(const at::Device& device) {
+  std::lock_guard lock(mutex_);
+  return cached(dense_, device, [&] { return dense_mask(mask_); });
+}
+
+bool cuda_kernels_built() {
+#ifdef HARNESS_WITH_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+std::string shape_of(const at::Tensor& tensor) {
+  std::ostringstream text;
+  text << tensor.sizes();
+  return text.str();
+}
+
+// The boundary checks: everything below assumes them.
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ResolvedMask& mask) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "attention: q, k, v must be 4-D [B, H, L, D] (got q ", shape_of(q), ", k ", shape_of(k), ", v ", shape_of(v), ")");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
+              "attention: q, k, v must share a dtype (got ", q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type(), ")");
+  TORCH_CHECK(at::isFloatingType(q.scalar_type()), "attention: q, k, v must be floating point (got ", q.scalar_type(), ")");
+  TORCH_CHECK(q.device() == k.device() && q.device() == v.device(),
+              "attention: q, k, v must be on one device (got ", q.device(), ", ", k.device(), ", ", v.device(), ")");
+  TORCH_CHECK(k.sizes() == v.sizes(), "attention: k and v must have one shape (got k ", shape_of(k), ", v ", shape_of(v), ")");
+  TORCH_CHECK(q.size(0) == k.size(0), "attention: batch of q (", q.size(0), ") and k (", k.size(0), ") differ");
+  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "attention: heads of q (", q.size(1),
+              ") must be a multiple of the kv heads (", k.size(1), ")");
+  TORCH_CHECK(q.size(3) == k.size(3), "attention: head_dim of q (", q.size(3), ") and k (", k.size(3), ") differ");
+  TORCH_CHECK(q.size(2) == mask.q_len && k.size(2) == mask.kv_len, "attention: sequence lengths q ", q.size(2), ", kv ",
+              k.size(2), " do not match the mask's q_len ", mask.q_len, ", kv_len ", mask.kv_len);
+}
+
+}  // namespace
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, MaskContext& mask,
+                     const AttentionOptions& options) {
+  check_inputs(q, k, v, mask.mask());
+  const double scale = options.scale != 0.0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const std::string device = q.device().str();
+
+  if (options.impl == AttentionImpl::dense) {
+    if (options.trace) {
+      options.trace->record({"attention_fwd", "dense_aten", device,
+                             "impl=dense requested: materializes fp32 scores [B,H,Q,KV]", ""});
+    }
+    at::Tensor out = dense_attention(q, k, v, mask.dense(q.device()), scale);
+    // The dense backward is ATen autograd; the hook records it when the gradient reaches it.
+    if (options.trace && out.requires_grad()) {
+      DispatchTrace* trace = options.trace;
+      out.register_hook([trace, device](const at::Tensor&) {
+        trace->record({"attention_bwd", "dense_aten", device,
+                       "autograd through ATen ops: materializes dP and dS [B,H,Q,KV] in fp32", ""});
+      });
+    }
+    return out;
+  }
+
+  if (q.device().is_cpu()) return fused_attention_cpu(q, k, v, mask, scale, options.cpu_tiles, options.trace);
+  if (q.device().is_cuda()) {
+#ifdef HARNESS_WITH_CUDA_KERNELS
+    return fused_attention_cuda(q, k, v, mask, scale, options.deterministic, options.trace);
+#else
+    throw UnsupportedError("fused attention on CUDA: this build has no CUDA kernels (configured without a CUDA "
+                           "compiler or with HARNESS_WITH_CUDA=OFF)");
+#endif
+  }
+  throw UnsupportedError("fused attention on " + device + ": only CPU and CUDA have fused kernels");
+}
+
+}  // namespace harness::kernels

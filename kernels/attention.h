@@ -63,6 +63,7 @@ struct AttentionOptions {
   AttentionImpl impl = AttentionImpl::fused;
   double scale = 0.0;          //!< softmax scale; 0 means 1/sqrt(head_dim)
   bool deterministic = false;  //!< CUDA backward: no atomics in dK/dV/dQ reductions
+  CpuTileConfig cpu_tiles{};   //!< tiling of the CPU fused kernel
   DispatchTrace* trace = nullptr;  //!< where to record the dispatch decision (may be null)
 };
 
@@ -77,8 +78,11 @@ at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            const at::Tensor& dense_mask, double scale);
 
 //! CPU fused attention as an autograd Function (q, k, v on the CPU, any float dtype).
+//! `trace` (may be null) gets the fwd record now and the bwd record when the backward runs,
+//! so it must outlive the backward; the mask data the backward needs is kept by the graph.
 at::Tensor fused_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               MaskContext& mask, double scale, const CpuTileConfig& tiles);
+                               MaskContext& mask, double scale, const CpuTileConfig& tiles,
+                               DispatchTrace* trace = nullptr);
 
 //! Whether this build has the CUDA fused kernels.
 bool cuda_kernels_built();

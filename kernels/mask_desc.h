@@ -86,6 +86,9 @@ struct ResolvedMask {
   int64_t q_abs(int64_t q) const { return q + kv_len - q_len; }
   //! Whether query q sees key kv. The one definition every other form is checked against.
   bool visible(int64_t q, int64_t kv) const;
+  //! visible(q, kv) for kv in [kv_begin, kv_end) into out[kv - kv_begin]: the same predicate
+  //! with the per-row work hoisted, for the BlockMask builder, dense masks and mask tiles.
+  void visible_row(int64_t q, int64_t kv_begin, int64_t kv_end, bool* out) const;
 };
 
 //! Resolves a description for a geometry: draws the dflash anchors without replacement from

@@ -1,1 +1,484 @@
-// placeholder: being written
+// CPU attention: fused vs dense, outputs and the three gradients, on the real mask kinds and
+// awkward sizes; rows that see nothing; dispatch records; the fused backward's memory.
+// Tolerance (STYLE.md): against an fp32 reference, err(fused_bf16) <= 2 * err(dense_bf16) + 1e-5.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "tests/catch.h"
+
+using namespace harness::kernels;
+
+namespace {
+
+struct Result {
+  at::Tensor out, grad_q, grad_k, grad_v;
+};
+
+// One fwd + bwd through attention() on fresh leaves of the given values.
+Result run(AttentionImpl impl, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& grad_out,
+           MaskContext& mask, CpuTileConfig tiles = {}, DispatchTrace* trace = nullptr) {
+  const at::Tensor q_leaf = q.detach().clone().requires_grad_(true);
+  const at::Tensor k_leaf = k.detach().clone().requires_grad_(true);
+  const at::Tensor v_leaf = v.detach().clone().requires_grad_(true);
+  AttentionOptions options;
+  options.impl = impl;
+  options.cpu_tiles = tiles;
+  options.trace = trace;
+  const at::Tensor out = attention(q_leaf, k_leaf, v_leaf, mask, options);
+  out.backward(grad_out);
+  return {out.detach(), q_leaf.grad(), k_leaf.grad(), v_leaf.grad()};
+}
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+bool all_finite(const Result& r) {
+  for (const at::Tensor* t : {&r.out, &r.grad_q, &r.grad_k, &r.grad_v}) {
+    if (!at::isfinite(*t).all().item<bool>()) return false;
+  }
+  return true;
+}
+
+struct Shape {
+  int64_t batch, heads, kv_heads, head_dim, anchors;
+  CpuTileConfig tiles;
+};
+
+std::vector<std::pair<std::string, MaskDesc>> mask_descs(int64_t kv_len, int64_t q_len) {
+  std::vector<std::pair<std::string, MaskDesc>> descs;
+  MaskDesc dflash;
+  dflash.kind = MaskKind::dflash;
+  dflash.doc_lengths = {100, 650, 250};
+  dflash.seed = 5;
+  descs.emplace_back("dflash before_anchor bidirectional", dflash);
+  dflash.context_rule = ContextRule::through_anchor;
+  dflash.in_block = InBlock::causal;
+  descs.emplace_back("dflash through_anchor causal", dflash);
+  MaskDesc other;
+  other.kind = MaskKind::causal;
+  descs.emplace_back("causal", other);
+  other.kind = MaskKind::document_causal;
+  other.doc_lengths = {100, 650, kv_len - 750};
+  descs.emplace_back("document_causal", other);
+  other.doc_lengths.clear();
+  other.kind = MaskKind::sliding_window;
+  other.window = q_len + 37;
+  descs.emplace_back("sliding_window", other);
+  other.kind = MaskKind::full;
+  descs.emplace_back("full", other);
+  return descs;
+}
+
+void compare_fused_with_dense(const Shape& shape, const std::string& name, const MaskDesc& desc) {
+  AttentionGeometry geometry;
+  geometry.batch = shape.batch;
+  geometry.heads = shape.heads;
+  geometry.kv_heads = shape.kv_heads;
+  geometry.head_dim = shape.head_dim;
+  geometry.anchors = shape.anchors;
+  geometry.block_size = 16;
+  geometry.context = 1000;
+  MaskContext mask(resolve_mask(desc, geometry));
+  INFO(name << ": B " << shape.batch << " H " << shape.heads << " H_KV " << shape.kv_heads << " D " << shape.head_dim << " Q "
+            << geometry.q_len() << " KV " << geometry.kv_len() << " tiles " << shape.tiles.block_m << "x" << shape.tiles.block_n);
+
+  at::manual_seed(shape.heads * 1000 + shape.head_dim + shape.anchors);
+  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({shape.batch, shape.heads, geometry.q_len(), shape.head_dim}, bf16);
+  const at::Tensor k = at::randn({shape.batch, shape.kv_heads, geometry.kv_len(), shape.head_dim}, bf16);
+  const at::Tensor v = at::randn({shape.batch, shape.kv_heads, geometry.kv_len(), shape.head_dim}, bf16);
+  const at::Tensor grad_out = at::randn({shape.batch, shape.heads, geometry.q_len(), shape.head_dim}, bf16);
+
+  // The reference: dense on the same values in fp32.
+  const Result reference = run(AttentionImpl::dense, q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
+                               grad_out.to(at::kFloat), mask);
+  const Result dense_bf16 = run(AttentionImpl::dense, q, k, v, grad_out, mask);
+  const Result fused_bf16 = run(AttentionImpl::fused, q, k, v, grad_out, mask, shape.tiles);
+  const Result fused_fp32 = run(AttentionImpl::fused, q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
+                                grad_out.to(at::kFloat), mask, shape.tiles);
+  REQUIRE(all_finite(fused_bf16));
+  REQUIRE(all_finite(fused_fp32));
+  REQUIRE(fused_bf16.out.scalar_type() == at::kBFloat16);
+  REQUIRE(fused_bf16.grad_k.scalar_type() == at::kBFloat16);
+
+  const std::pair<const char*, at::Tensor Result::*> fields[] = {
+      {"out", &Result::out}, {"dq", &Result::grad_q}, {"dk", &Result::grad_k}, {"dv", &Result::grad_v}};
+  for (const auto& [field, member] : fields) {
+    const double err_fused = max_abs_diff(fused_bf16.*member, reference.*member);
+    const double err_dense = max_abs_diff(dense_bf16.*member, reference.*member);
+    const double err_fp32 = max_abs_diff(fused_fp32.*member, reference.*member);
+    const double magnitude = (reference.*member).abs().max().item<double>();
+    INFO(field << ": err fused bf16 " << err_fused << ", dense bf16 " << err_dense << ", fused fp32 " << err_fp32
+               << ", max |ref| " << magnitude);
+    CHECK(err_fused <= 2 * err_dense + 1e-5);
+    CHECK(err_fp32 <= 1e-4 * magnitude + 1e-6);
+  }
+}
+
+// Counts the bytes held through the CPU allocator while installed (ATen's CPU tensors all
+// allocate through c10::GetCPUAllocator()).
+class TrackingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit TrackingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
+  c10::DataPtr allocate(std::size_t bytes) override {
+    c10::DataPtr inner = inner_->allocate(bytes);
+    void* data = inner.get();
+    auto* allocation = new Allocation{std::move(inner), static_cast<int64_t>(bytes), this};
+    const int64_t now = current_.fetch_add(allocation->bytes) + allocation->bytes;
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    return {data, allocation, &release, c10::Device(c10::kCPU)};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+  //! Starts a measurement: returns the bytes held now, which the peak starts from.
+  int64_t start() {
+    peak_ = current_.load();
+    return peak_;
+  }
+  int64_t peak() const { return peak_.load(); }
+
+ private:
+  struct Allocation {
+    c10::DataPtr inner;
+    int64_t bytes;
+    TrackingCpuAllocator* owner;
+  };
+  static void release(void* context) {
+    auto* allocation = static_cast<Allocation*>(context);
+    allocation->owner->current_ -= allocation->bytes;
+    delete allocation;
+  }
+  c10::Allocator* inner_;
+  std::atomic<int64_t> current_{0};
+  std::atomic<int64_t> peak_{0};
+};
+
+// One intra-op thread for one scope.
+class SingleThreadScope {
+ public:
+  SingleThreadScope() : threads_(at::get_num_threads()) { at::set_num_threads(1); }
+  ~SingleThreadScope() { at::set_num_threads(threads_); }
+  SingleThreadScope(const SingleThreadScope&) = delete;
+  SingleThreadScope& operator=(const SingleThreadScope&) = delete;
+
+ private:
+  int threads_;
+};
+
+// Installs the tracker (and one intra-op thread, so that the peak does not depend on the core
+// count) for one scope. The tracker is never destroyed: blocks allocated through it may be freed
+// after the scope (thread-local caches), and their deleter reaches it.
+class TrackingScope {
+ public:
+  TrackingScope() : previous_(c10::GetCPUAllocator()) {
+    static auto* const tracker = new TrackingCpuAllocator(c10::GetDefaultCPUAllocator());
+    tracker_ = tracker;
+    c10::SetCPUAllocator(tracker_, kPriority);
+  }
+  ~TrackingScope() { c10::SetCPUAllocator(previous_, kPriority); }
+  TrackingScope(const TrackingScope&) = delete;
+  TrackingScope& operator=(const TrackingScope&) = delete;
+  bool installed() const { return c10::GetCPUAllocator() == tracker_; }
+  TrackingCpuAllocator& tracker() { return *tracker_; }
+
+ private:
+  static constexpr uint8_t kPriority = 200;  // above the default allocator's registration (0)
+  c10::Allocator* previous_;
+  TrackingCpuAllocator* tracker_ = nullptr;
+  SingleThreadScope single_thread_;
+};
+
+}  // namespace
+
+TEST_CASE("fused CPU attention matches dense: outputs and dq, dk, dv", "[attention]") {
+  const Shape shapes[] = {
+      {2, 8, 2, 64, 3, {16, 64}},    // GQA 4:1, Q 48: one q block per 64, ragged kv blocks
+      {2, 4, 1, 128, 13, {64, 64}},  // kv_heads 1, head_dim 128, Q 208 (not a multiple of 64)
+      {1, 2, 2, 64, 13, {32, 48}},   // no GQA, odd tile sizes
+  };
+  for (const Shape& shape : shapes) {
+    const int64_t q_len = shape.anchors * 16;
+    for (const auto& [name, desc] : mask_descs(1000 + q_len, q_len)) compare_fused_with_dense(shape, name, desc);
+  }
+}
+
+TEST_CASE("rows that see nothing give zeros and finite gradients", "[attention]") {
+  // Hand-built masks no description produces: causal with Q > KV leaves the first Q - KV rows
+  // empty; a sliding window of 0 leaves every row empty.
+  ResolvedMask causal;
+  causal.kind = MaskKind::causal;
+  causal.q_len = 100;
+  causal.kv_len = 60;
+  ResolvedMask nothing = causal;
+  nothing.kind = MaskKind::sliding_window;
+  nothing.window = 0;
+
+  at::manual_seed(3);
+  const at::Tensor q = at::randn({2, 4, 100, 64});
+  const at::Tensor k = at::randn({2, 2, 60, 64});
+  const at::Tensor v = at::randn({2, 2, 60, 64});
+  const at::Tensor grad_out = at::randn({2, 4, 100, 64});
+
+  SECTION("some rows empty") {
+    MaskContext mask(causal);
+    const Result dense = run(AttentionImpl::dense, q, k, v, grad_out, mask);
+    const Result fused = run(AttentionImpl::fused, q, k, v, grad_out, mask, {32, 32});
+    REQUIRE(all_finite(dense));
+    REQUIRE(all_finite(fused));
+    CHECK(fused.out.slice(2, 0, 40).abs().max().item<float>() == 0.0f);
+    CHECK(fused.grad_q.slice(2, 0, 40).abs().max().item<float>() == 0.0f);
+    CHECK(fused.out.slice(2, 40).abs().max().item<float>() > 0.0f);
+    CHECK(max_abs_diff(fused.out, dense.out) < 1e-5);
+    CHECK(max_abs_diff(fused.grad_q, dense.grad_q) < 1e-4);
+    CHECK(max_abs_diff(fused.grad_k, dense.grad_k) < 1e-4);
+    CHECK(max_abs_diff(fused.grad_v, dense.grad_v) < 1e-4);
+  }
+  SECTION("every row empty") {
+    MaskContext mask(nothing);
+    REQUIRE(mask.block_mask(32, 32, at::kCPU).partial_pairs() == 0);
+    REQUIRE(mask.block_mask(32, 32, at::kCPU).full_pairs() == 0);
+    for (AttentionImpl impl : {AttentionImpl::dense, AttentionImpl::fused}) {
+      const Result result = run(impl, q, k, v, grad_out, mask, {32, 32});
+      REQUIRE(all_finite(result));
+      CHECK(result.out.abs().max().item<float>() == 0.0f);
+      CHECK(result.grad_q.abs().max().item<float>() == 0.0f);
+      CHECK(result.grad_k.abs().max().item<float>() == 0.0f);
+      CHECK(result.grad_v.abs().max().item<float>() == 0.0f);
+    }
+  }
+}
+
+TEST_CASE("fused CPU attention takes strided inputs and broadcast gradients", "[attention]") {
+  // [B, L, H, D] tensors viewed as [B, H, L, D], and out.sum() whose gradient is an expanded
+  // (stride 0) tensor: the layouts a model hands over.
+  AttentionGeometry geometry;
+  geometry.heads = 4;
+  geometry.kv_heads = 2;
+  geometry.anchors = 5;
+  geometry.context = 150;  // Q 80, KV 230
+  MaskDesc desc;
+  desc.kind = MaskKind::dflash;
+  desc.documents = 2;
+  MaskContext mask(resolve_mask(desc, geometry));
+  at::manual_seed(9);
+  const at::Tensor q = at::randn({2, 80, 4, 64}).transpose(1, 2);
+  const at::Tensor k = at::randn({2, 230, 2, 64}).transpose(1, 2);
+  const at::Tensor v = at::randn({2, 230, 2, 64}).transpose(1, 2);
+  const auto sum_backward = [&](AttentionImpl impl) {
+    const at::Tensor q_leaf = q.detach().requires_grad_(true);
+    const at::Tensor k_leaf = k.detach().requires_grad_(true);
+    const at::Tensor v_leaf = v.detach().requires_grad_(true);
+    AttentionOptions options;
+    options.impl = impl;
+    options.cpu_tiles = {32, 32};
+    const at::Tensor out = attention(q_leaf, k_leaf, v_leaf, mask, options);
+    out.sum().backward();
+    return Result{out.detach(), q_leaf.grad(), k_leaf.grad(), v_leaf.grad()};
+  };
+  const Result dense = sum_backward(AttentionImpl::dense);
+  const Result fused = sum_backward(AttentionImpl::fused);
+  CHECK(max_abs_diff(fused.out, dense.out) < 1e-5);
+  CHECK(max_abs_diff(fused.grad_q, dense.grad_q) < 1e-4);
+  CHECK(max_abs_diff(fused.grad_k, dense.grad_k) < 1e-4);
+  CHECK(max_abs_diff(fused.grad_v, dense.grad_v) < 1e-4);
+  CHECK(fused.grad_k.abs().max().item<float>() > 0.0f);
+}
+
+TEST_CASE("attention records which implementation ran, forward and backward", "[attention]") {
+  AttentionGeometry geometry;
+  geometry.heads = 4;
+  geometry.kv_heads = 2;
+  geometry.anchors = 4;
+  geometry.context = 200;
+  MaskDesc desc;
+  desc.kind = MaskKind::dflash;
+  MaskContext mask(resolve_mask(desc, geometry));
+  const at::Tensor q = at::randn({1, 4, 64, 64});
+  const at::Tensor k = at::randn({1, 2, 264, 64});
+  const at::Tensor grad_out = at::randn({1, 4, 64, 64});
+
+  DispatchTrace trace;
+  run(AttentionImpl::fused, q, k, k, grad_out, mask, {32, 64}, &trace);
+  auto records = trace.records();
+  REQUIRE(records.size() == 2);
+  CHECK(records[0].op == "attention_fwd");
+  CHECK(records[0].impl == "fused_cpu");
+  CHECK(records[0].device == "cpu");
+  CHECK(records[0].config == "block_m=32 block_n=64");
+  CHECK(records[1].op == "attention_bwd");
+  CHECK(records[1].impl == "fused_cpu");
+
+  trace.clear();
+  run(AttentionImpl::dense, q, k, k, grad_out, mask, {}, &trace);
+  records = trace.records();
+  REQUIRE(records.size() == 2);
+  CHECK(records[0].op == "attention_fwd");
+  CHECK(records[0].impl == "dense_aten");
+  CHECK(records[0].reason.find("[B,H,Q,KV]") != std::string::npos);
+  CHECK(records[1].op == "attention_bwd");
+  CHECK(records[1].impl == "dense_aten");
+
+  SECTION("a forward without backward records only the forward") {
+    trace.clear();
+    AttentionOptions options;
+    options.trace = &trace;
+    attention(q, k, k, mask, options);
+    CHECK(trace.records().size() == 1);
+  }
+}
+
+TEST_CASE("attention checks shapes, dtypes and devices at its boundary", "[attention]") {
+  AttentionGeometry geometry;
+  geometry.anchors = 2;
+  geometry.context = 30;  // Q 32, KV 62
+  MaskContext mask(resolve_mask(MaskDesc{}, geometry));
+  const at::Tensor q = at::randn({1, 4, 32, 16});
+  const at::Tensor k = at::randn({1, 2, 62, 16});
+  const AttentionOptions options;
+  const auto message = [&](const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) -> std::string {
+    try {
+      attention(q_in, k_in, v_in, mask, options);
+    } catch (const c10::Error& error) {
+      return error.what();
+    }
+    return "";
+  };
+  CHECK(message(q, k, k).empty());
+  CHECK(message(q[0], k, k).find("must be 4-D") != std::string::npos);
+  CHECK(message(q, k.to(at::kDouble), k).find("share a dtype") != std::string::npos);
+  CHECK(message(q, at::randn({1, 3, 62, 16}), at::randn({1, 3, 62, 16})).find("multiple of the kv heads") != std::string::npos);
+  CHECK(message(q, at::randn({1, 2, 62, 8}), at::randn({1, 2, 62, 8})).find("head_dim") != std::string::npos);
+  CHECK(message(q, at::randn({1, 2, 61, 16}), at::randn({1, 2, 61, 16})).find("do not match the mask") != std::string::npos);
+  CHECK(message(q, k, at::randn({1, 2, 62, 8})).find("k and v must have one shape") != std::string::npos);
+  CHECK(message(q.to(at::kInt), k.to(at::kInt), k.to(at::kInt)).find("floating point") != std::string::npos);
+  // A device with no fused kernels is an unsupported configuration, not a crash.
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  CHECK_THROWS_AS(attention(at::empty({1, 4, 32, 16}, meta), at::empty({1, 2, 62, 16}, meta),
+                            at::empty({1, 2, 62, 16}, meta), mask, options),
+                  UnsupportedError);
+}
+
+TEST_CASE("without CUDA kernels, fused on a CUDA tensor is unsupported", "[attention][cuda]") {
+  if (cuda_kernels_built() || !at::hasCUDA()) return;
+  AttentionGeometry geometry;
+  geometry.anchors = 2;
+  geometry.context = 30;
+  MaskContext mask(resolve_mask(MaskDesc{}, geometry));
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  const at::Tensor q = at::randn({1, 1, 32, 64}, cuda);
+  const at::Tensor k = at::randn({1, 1, 62, 64}, cuda);
+  CHECK_THROWS_AS(attention(q, k, k, mask, AttentionOptions{}), UnsupportedError);
+}
+
+TEST_CASE("the fused backward allocates no Q x KV tensor; the dense one does", "[attention]") {
+  // 8 heads sharing one kv head, Q 512, KV 4608: one fp32 score tensor is 75.5 MB, the fp32
+  // inputs and output together 4.4 MB.
+  AttentionGeometry geometry;
+  geometry.heads = 8;
+  geometry.kv_heads = 1;
+  geometry.anchors = 32;
+  geometry.context = 4096;
+  MaskDesc desc;
+  desc.kind = MaskKind::dflash;
+  desc.documents = 4;
+  MaskContext mask(resolve_mask(desc, geometry));
+  mask.block_mask(64, 64, at::kCPU);  // built outside the measurement, as the experiments do
+  mask.dense(at::kCPU);
+  const int64_t q_len = geometry.q_len(), kv_len = geometry.kv_len();
+  const int64_t score_bytes = 8 * q_len * kv_len * 4;
+  const int64_t linear_bytes = (2 * 8 * q_len * 64 + 2 * kv_len * 64) * 4;
+
+  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({1, 8, q_len, 64}, bf16).requires_grad_(true);
+  const at::Tensor k = at::randn({1, 1, kv_len, 64}, bf16).requires_grad_(true);
+  const at::Tensor v = at::randn({1, 1, kv_len, 64}, bf16).requires_grad_(true);
+  const at::Tensor grad_out = at::randn({1, 8, q_len, 64}, bf16);
+
+  TrackingScope scope;
+  if (!scope.installed()) {
+    WARN("could not install the tracking CPU allocator; memory test skipped");
+    return;
+  }
+  const auto measure = [&](AttentionImpl impl) {
+    AttentionOptions options;
+    options.impl = impl;
+    int64_t base = scope.tracker().start();
+    at::Tensor out = attention(q, k, v, mask, options);
+    const int64_t fwd_peak = scope.tracker().peak() - base;
+    base = scope.tracker().start();
+    out.backward(grad_out);
+    const int64_t bwd_peak = scope.tracker().peak() - base;
+    q.mutable_grad().reset();
+    k.mutable_grad().reset();
+    v.mutable_grad().reset();
+    return std::make_pair(fwd_peak, bwd_peak);
+  };
+  const auto [fused_fwd, fused_bwd] = measure(AttentionImpl::fused);
+  const auto [dense_fwd, dense_bwd] = measure(AttentionImpl::dense);
+  INFO("score tensor " << score_bytes << " B, linear " << linear_bytes << " B; fused fwd " << fused_fwd << " bwd "
+                       << fused_bwd << "; dense fwd " << dense_fwd << " bwd " << dense_bwd);
+  // Positive control: the tracker sees the dense path's Q x KV tensors.
+  CHECK(dense_fwd >= score_bytes);
+  CHECK(dense_bwd >= score_bytes);
+  CHECK(fused_fwd <= 2 * linear_bytes);
+  CHECK(fused_bwd <= 4 * linear_bytes);
+  CHECK(fused_bwd < score_bytes / 4);
+}
+
+TEST_CASE("fused CPU attention runs the CPU profile in milliseconds, not seconds", "[attention]") {
+  // The experiments' CPU profile: 4 heads, 2 kv heads, head_dim 64, Q 256, KV 1280. On one
+  // thread fwd+bwd takes 20-45 ms (2-core EPYC, shared with other builds; two OpenMP threads on
+  // such a busy machine make single samples reach 400 ms, hence one thread here). The bounds
+  // only catch a regression to a dense or per-element path.
+  SingleThreadScope single_thread;
+  AttentionGeometry geometry;
+  geometry.heads = 4;
+  geometry.kv_heads = 2;
+  geometry.anchors = 16;
+  geometry.context = 1024;
+  MaskDesc desc;
+  desc.kind = MaskKind::dflash;
+  desc.documents = 4;
+  MaskContext mask(resolve_mask(desc, geometry));
+  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({1, 4, 256, 64}, bf16).requires_grad_(true);
+  const at::Tensor k = at::randn({1, 2, 1280, 64}, bf16).requires_grad_(true);
+  const at::Tensor v = at::randn({1, 2, 1280, 64}, bf16).requires_grad_(true);
+  const at::Tensor grad_out = at::randn({1, 4, 256, 64}, bf16);
+  const auto median_ms = [](std::vector<double> samples) {
+    std::sort(samples.begin(), samples.end());
+    return samples[samples.size() / 2];
+  };
+  std::vector<double> step_ms;
+  for (int repeat = 0; repeat < 7; ++repeat) {
+    const auto start = std::chrono::steady_clock::now();
+    attention(q, k, v, mask, AttentionOptions{}).backward(grad_out);
+    step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  // BlockMask build at the real dims: Q 2048, KV 10240, block 128 (about 22 ms on one thread).
+  geometry.anchors = 128;
+  geometry.context = 8192;
+  const ResolvedMask real = resolve_mask(desc, geometry);
+  std::vector<double> build_ms;
+  for (int repeat = 0; repeat < 5; ++repeat) {
+    const auto start = std::chrono::steady_clock::now();
+    build_block_mask(real, 128, 128);
+    build_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  INFO("fused fwd+bwd CPU profile " << median_ms(step_ms) << " ms; build_block_mask real dims " << median_ms(build_ms)
+                                    << " ms (medians, " << at::get_num_threads() << " threads)");
+  CHECK(median_ms(step_ms) < 1000.0);
+  CHECK(median_ms(build_ms) < 1000.0);
+}

@@ -1,1 +1,286 @@
-// placeholder: being written
+// CUDA fused attention against the dense reference. Tolerances follow flash-attention's rule:
+// err(fused bf16) <= 2 * err(dense bf16) + atol, both errors measured against the dense path on
+// fp32 inputs (the oracle), for out, dq, dk and dv. The dense bf16 path computes in fp32 and
+// rounds only its results, so its error is the bf16 rounding of each result; atol (0.2% of the
+// oracle's largest magnitude) leaves room for the bf16 operands the fused kernel's MMAs take
+// (P and dS are rounded to bf16 inside the kernel, as in every flash kernel).
+// Runs only on a CUDA machine with the kernels built; elsewhere the tests return early.
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/mask_desc.h"
+#include "tests/catch.h"
+
+#ifdef HARNESS_WITH_CUDA_KERNELS
+#include "kernels/cuda/fused_attention_cuda.h"
+#endif
+
+using namespace harness::kernels;
+
+#ifdef HARNESS_WITH_CUDA_KERNELS
+
+namespace {
+
+bool have_gpu() {
+  if (torch::cuda::is_available()) return true;
+  WARN("no CUDA device: [cuda] test skipped");
+  return false;
+}
+
+struct Grads {
+  at::Tensor out, dq, dk, dv;
+};
+
+// One fwd + bwd with the given implementation on the given inputs (fresh leaves each time).
+template <typename Run>
+Grads run_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, Run&& run) {
+  at::Tensor ql = q.detach().clone().requires_grad_(true);
+  at::Tensor kl = k.detach().clone().requires_grad_(true);
+  at::Tensor vl = v.detach().clone().requires_grad_(true);
+  at::Tensor out = run(ql, kl, vl);
+  out.backward(dout.to(out.scalar_type()));
+  return {out.detach(), ql.grad(), kl.grad(), vl.grad()};
+}
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>();
+}
+
+bool all_finite(const at::Tensor& t) { return at::isfinite(t.to(at::kFloat)).all().item<bool>(); }
+
+// The flash-attention rule for one output; prints the three numbers when it fails.
+void check_close(const char* name, const at::Tensor& fused, const at::Tensor& dense_bf16, const at::Tensor& oracle) {
+  const double err_fused = max_abs_diff(fused, oracle);
+  const double err_dense = max_abs_diff(dense_bf16, oracle);
+  const double atol = 2e-3 * std::max(1.0, oracle.abs().max().item<double>());
+  INFO(name << ": err(fused) " << err_fused << ", err(dense bf16) " << err_dense << ", atol " << atol);
+  CHECK(all_finite(fused));
+  CHECK(err_fused <= 2.0 * err_dense + atol);
+}
+
+struct Case {
+  std::string name;
+  int64_t batch, heads, kv_heads, head_dim;
+  ResolvedMask mask;
+};
+
+Case make_case(std::string name, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t anchors,
+               int64_t context, const MaskDesc& desc) {
+  AttentionGeometry geometry;
+  geometry.batch = batch;
+  geometry.heads = heads;
+  geometry.kv_heads = kv_heads;
+  geometry.head_dim = head_dim;
+  geometry.anchors = anchors;
+  geometry.block_size = 16;
+  geometry.context = context;
+  return Case{std::move(name), batch, heads, kv_heads, head_dim, resolve_mask(desc, geometry)};
+}
+
+MaskDesc dflash(int64_t documents, std::vector<int64_t> doc_lengths = {}, ContextRule rule = ContextRule::before_anchor,
+                InBlock in_block = InBlock::bidirectional) {
+  MaskDesc desc;
+  desc.kind = MaskKind::dflash;
+  desc.documents = documents;
+  desc.doc_lengths = std::move(doc_lengths);
+  desc.context_rule = rule;
+  desc.in_block = in_block;
+  desc.seed = 7;
+  return desc;
+}
+
+MaskDesc simple(MaskKind kind, int64_t documents = 1, int64_t window = 0) {
+  MaskDesc desc;
+  desc.kind = kind;
+  desc.documents = documents;
+  desc.window = window;
+  return desc;
+}
+
+// Fused vs dense (bf16) vs dense on fp32 inputs, for out and the three gradients.
+void check_against_dense(const Case& c, uint64_t seed) {
+  INFO("case: " << c.name);
+  at::manual_seed(seed);
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  const int64_t q_len = c.mask.q_len, kv_len = c.mask.kv_len;
+  const at::Tensor q = at::randn({c.batch, c.heads, q_len, c.head_dim}, cuda).to(at::kBFloat16);
+  const at::Tensor k = at::randn({c.batch, c.kv_heads, kv_len, c.head_dim}, cuda).to(at::kBFloat16);
+  const at::Tensor v = at::randn({c.batch, c.kv_heads, kv_len, c.head_dim}, cuda).to(at::kBFloat16);
+  const at::Tensor dout = at::randn({c.batch, c.heads, q_len, c.head_dim}, cuda).to(at::kBFloat16);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  MaskContext mask(c.mask);
+  const at::Tensor& dense_mask = mask.dense(q.device());
+
+  const Grads oracle = run_step(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), dout.to(at::kFloat),
+                                [&](auto& a, auto& b, auto& d) { return dense_attention(a, b, d, dense_mask, scale); });
+  const Grads dense = run_step(q, k, v, dout, [&](auto& a, auto& b, auto& d) {
+    return dense_attention(a, b, d, dense_mask, scale);
+  });
+  DispatchTrace trace;
+  const Grads fused = run_step(q, k, v, dout, [&](auto& a, auto& b, auto& d) {
+    return fused_attention_cuda(a, b, d, mask, scale, /*deterministic=*/false, &trace);
+  });
+  check_close("out", fused.out, dense.out, oracle.out);
+  check_close("dq", fused.dq, dense.dq, oracle.dq);
+  check_close("dk", fused.dk, dense.dk, oracle.dk);
+  check_close("dv", fused.dv, dense.dv, oracle.dv);
+  CHECK(fused.out.scalar_type() == at::kBFloat16);
+  CHECK(fused.dq.scalar_type() == at::kBFloat16);
+}
+
+}  // namespace
+
+TEST_CASE("fused_cuda matches the dense reference at the real dims", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  // 32 heads, 8 KV heads, head_dim 128, 128 anchors of 16, context 8192 in 4 documents.
+  check_against_dense(make_case("dflash real dims", 1, 32, 8, 128, 128, 8192, dflash(4)), 1);
+}
+
+TEST_CASE("fused_cuda matches the dense reference on awkward shapes", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  const std::vector<Case> cases = {
+      make_case("one block of 16 queries, context 1000", 1, 4, 1, 128, 1, 1000, dflash(1)),
+      make_case("3 anchors, documents 300/500/200, through_anchor, causal in-block", 1, 8, 2, 128, 3, 1000,
+                dflash(3, {300, 500, 200}, ContextRule::through_anchor, InBlock::causal)),
+      make_case("head_dim 64", 1, 4, 2, 64, 5, 1000, dflash(2)),
+      make_case("kv_heads 1 (8 query heads per kv head)", 1, 8, 1, 128, 9, 700, dflash(2)),
+      make_case("batch 2", 2, 4, 2, 128, 7, 999, dflash(3)),
+      make_case("3 query heads per kv head", 1, 6, 2, 128, 6, 500, dflash(2)),
+      make_case("causal", 1, 4, 2, 128, 7, 1000, simple(MaskKind::causal)),
+      make_case("document_causal", 1, 4, 2, 64, 7, 1000, simple(MaskKind::document_causal, 3)),
+      make_case("sliding_window 100", 1, 4, 1, 128, 7, 1000, simple(MaskKind::sliding_window, 1, 100)),
+      make_case("full", 2, 2, 2, 64, 3, 77, simple(MaskKind::full)),
+  };
+  uint64_t seed = 10;
+  for (const Case& c : cases) check_against_dense(c, seed++);
+}
+
+TEST_CASE("fused_cuda gives zeros and finite gradients for rows that see nothing", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  // Hand-built causal mask with Q_LEN > KV_LEN: the first 24 queries sit before the KV sequence.
+  ResolvedMask mask;
+  mask.kind = MaskKind::causal;
+  mask.q_len = 64;
+  mask.kv_len = 40;
+  Case c{"causal with empty rows", 1, 2, 1, 128, mask};
+  check_against_dense(c, 3);
+  MaskContext context(mask);
+  at::manual_seed(4);
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({1, 2, 64, 128}, cuda).requires_grad_(true);
+  const at::Tensor k = at::randn({1, 1, 40, 128}, cuda).requires_grad_(true);
+  const at::Tensor v = at::randn({1, 1, 40, 128}, cuda).requires_grad_(true);
+  const at::Tensor out = fused_attention_cuda(q, k, v, context, 0.125, false, nullptr);
+  out.backward(at::ones_like(out));
+  CHECK(out.slice(2, 0, 24).abs().max().item<float>() == 0.0f);
+  CHECK(q.grad().slice(2, 0, 24).abs().max().item<float>() == 0.0f);
+  CHECK(all_finite(q.grad()));
+  CHECK(all_finite(k.grad()));
+  CHECK(all_finite(v.grad()));
+}
+
+TEST_CASE("fused_cuda backward is bitwise reproducible and records its dispatch", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  const Case c = make_case("dflash", 1, 8, 2, 128, 16, 2048, dflash(2));
+  MaskContext mask(c.mask);
+  at::manual_seed(5);
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({1, 8, c.mask.q_len, 128}, cuda);
+  const at::Tensor k = at::randn({1, 2, c.mask.kv_len, 128}, cuda);
+  const at::Tensor v = at::randn({1, 2, c.mask.kv_len, 128}, cuda);
+  const at::Tensor dout = at::randn({1, 8, c.mask.q_len, 128}, cuda);
+  DispatchTrace trace;
+  auto run = [&](bool deterministic) {
+    return run_step(q, k, v, dout, [&](auto& a, auto& b, auto& d) {
+      return fused_attention_cuda(a, b, d, mask, 0.088, deterministic, &trace);
+    });
+  };
+  const Grads first = run(false);
+  const Grads second = run(true);
+  CHECK(at::equal(first.out, second.out));
+  CHECK(at::equal(first.dq, second.dq));
+  CHECK(at::equal(first.dk, second.dk));
+  CHECK(at::equal(first.dv, second.dv));
+
+  const auto records = trace.records();
+  REQUIRE(records.size() == 4);
+  CHECK(records[0].op == "attention_fwd");
+  CHECK(records[1].op == "attention_bwd");
+  for (const auto& record : records) {
+    CHECK(record.impl == "fused_cuda");
+    CHECK(record.device.rfind("cuda", 0) == 0);
+    CHECK(!record.reason.empty());
+    const bool names_tiles = record.config.find("dkdv") != std::string::npos || record.config.find("fwd") != std::string::npos;
+    CHECK(names_tiles);
+  }
+}
+
+TEST_CASE("attention() with impl fused on CUDA tensors runs fused_cuda", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  const Case c = make_case("dflash", 1, 4, 2, 64, 4, 300, dflash(1));
+  MaskContext mask(c.mask);
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({1, 4, c.mask.q_len, 64}, cuda).requires_grad_(true);
+  const at::Tensor k = at::randn({1, 2, c.mask.kv_len, 64}, cuda).requires_grad_(true);
+  const at::Tensor v = at::randn({1, 2, c.mask.kv_len, 64}, cuda).requires_grad_(true);
+  DispatchTrace trace;
+  AttentionOptions options;
+  options.impl = AttentionImpl::fused;
+  options.trace = &trace;
+  attention(q, k, v, mask, options).sum().backward();
+  const auto records = trace.records();
+  REQUIRE(records.size() == 2);
+  CHECK(records[0].impl == "fused_cuda");
+  CHECK(records[1].op == "attention_bwd");
+  CHECK(all_finite(q.grad()));
+}
+
+TEST_CASE("fused_cuda refuses what it has no kernel for", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  const Case c = make_case("dflash", 1, 4, 2, 64, 2, 100, dflash(1));
+  MaskContext mask(c.mask);
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  auto tensors = [&](at::ScalarType dtype, int64_t head_dim) {
+    return std::vector<at::Tensor>{at::randn({1, 4, c.mask.q_len, head_dim}, cuda.dtype(dtype)),
+                                   at::randn({1, 2, c.mask.kv_len, head_dim}, cuda.dtype(dtype)),
+                                   at::randn({1, 2, c.mask.kv_len, head_dim}, cuda.dtype(dtype))};
+  };
+  const auto fp16 = tensors(at::kHalf, 64);
+  CHECK_THROWS_AS(fused_attention_cuda(fp16[0], fp16[1], fp16[2], mask, 0.1, false, nullptr), UnsupportedError);
+  const auto fp32 = tensors(at::kFloat, 64);
+  CHECK_THROWS_AS(fused_attention_cuda(fp32[0], fp32[1], fp32[2], mask, 0.1, false, nullptr), UnsupportedError);
+  const auto d96 = tensors(at::kBFloat16, 96);
+  CHECK_THROWS_AS(fused_attention_cuda(d96[0], d96[1], d96[2], mask, 0.1, false, nullptr), UnsupportedError);
+  const auto cpu = std::vector<at::Tensor>{fp16[0].cpu().to(at::kBFloat16), fp16[1].cpu().to(at::kBFloat16),
+                                           fp16[2].cpu().to(at::kBFloat16)};
+  CHECK_THROWS_AS(fused_attention_cuda(cpu[0], cpu[1], cpu[2], mask, 0.1, false, nullptr), UnsupportedError);
+}
+
+#else  // built without the CUDA kernels
+
+TEST_CASE("without CUDA kernels, fused attention on CUDA tensors is unsupported", "[cuda][attention]") {
+  REQUIRE_FALSE(cuda_kernels_built());
+  if (!torch::cuda::is_available()) return;
+  AttentionGeometry geometry;
+  geometry.heads = 2;
+  geometry.kv_heads = 1;
+  geometry.anchors = 2;
+  geometry.context = 64;
+  MaskDesc desc;
+  desc.kind = MaskKind::causal;
+  MaskContext mask(resolve_mask(desc, geometry));
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({1, 2, geometry.q_len(), 64}, cuda);
+  const at::Tensor k = at::randn({1, 1, geometry.kv_len(), 64}, cuda);
+  AttentionOptions options;
+  options.impl = AttentionImpl::fused;
+  CHECK_THROWS_AS(attention(q, k, k, mask, options), UnsupportedError);
+}
+
+#endif

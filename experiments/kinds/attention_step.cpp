@@ -227,9 +227,15 @@ TrialResult run_attention_step(const spec::Spec& spec, const std::string& varian
     result.status = "unsupported";
     result.error = error.what();
   } catch (const c10::Error& error) {
+    // LibTorch's CPU allocator reports a failed allocation as a plain c10::Error ("can't
+    // allocate memory: you tried to allocate N bytes"), not as an OutOfMemoryError.
     result = {};
-    result.status = "error";
     result.error = error.what_without_backtrace();
+    const auto requested = requested_bytes_from_message(result.error);
+    const bool allocation_failed = requested && (result.error.find("allocate memory") != std::string::npos ||
+                                                 result.error.find("out of memory") != std::string::npos);
+    result.status = allocation_failed ? "oom" : "error";
+    if (allocation_failed) result.requested_bytes = requested;
   } catch (const std::exception& error) {
     result = {};
     result.status = "error";

@@ -1,0 +1,237 @@
+// harness_bench_attention: times the harness's attention (fused CUDA kernels by default) on one
+// problem and prints one JSON object per implementation: fwd/bwd medians, peak extra memory,
+// visible pairs, TFLOP/s, plus the resolved mask (anchors, document lengths) so that
+// bench/attention_vs_flex.py can rebuild the identical mask for torch.compile(flex_attention).
+//
+//   harness_bench_attention --mask dflash --anchors 128 [--context 8192 --heads 32 --kv-heads 8
+//       --head-dim 128 --documents 4 --batch 1 --seed 0 --reps 20 --impl fused|dense|both]
+//
+// Timing: CUDA events around the op only, median of --reps after 3 warm-ups, enqueued back to back
+// without host synchronization (host dispatch overhead hidden, as in triton's do_bench), with a
+// 256 MB write before each op so that every op starts with a cold L2 (the H200's L2 is 60 MB).
+// Memory: in a separate synchronized step, peak bytes allocated by the caching allocator during
+// the op minus what was allocated before it (the op's own extra memory: outputs, saved tensors,
+// scratch; for the backward the gradients and scratch).
+// FLOPs count visible (q, kv) pairs only: fwd 4 * pairs * D, bwd 10 * pairs * D (2 and 5 matmuls
+// of 2 FLOPs per multiply-add), summed over batch and heads.
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/cuda.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/mask_desc.h"
+
+namespace {
+
+using harness::kernels::AttentionGeometry;
+using harness::kernels::AttentionImpl;
+using harness::kernels::AttentionOptions;
+using harness::kernels::DispatchTrace;
+using harness::kernels::MaskContext;
+using harness::kernels::MaskDesc;
+using nlohmann::json;
+
+struct Options {
+  std::string mask = "dflash";
+  std::string impl = "fused";
+  int64_t anchors = 128, context = 8192, heads = 32, kv_heads = 8, head_dim = 128, documents = 4, batch = 1, window = 0;
+  uint64_t seed = 0;
+  int reps = 20;
+};
+
+[[noreturn]] void usage(const std::string& problem) {
+  std::cerr << "harness_bench_attention: " << problem
+            << "\nusage: harness_bench_attention [--mask dflash|causal|document_causal|sliding_window|full] [--anchors N]"
+               " [--context N] [--heads N] [--kv-heads N] [--head-dim N] [--documents N] [--window N] [--batch N]"
+               " [--seed N] [--reps N] [--impl fused|dense|both]\n";
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  const std::map<std::string, int64_t*> integers = {
+      {"--anchors", &o.anchors}, {"--context", &o.context},     {"--heads", &o.heads},   {"--kv-heads", &o.kv_heads},
+      {"--head-dim", &o.head_dim}, {"--documents", &o.documents}, {"--batch", &o.batch}, {"--window", &o.window}};
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) usage("missing value after " + flag);
+    const std::string value = argv[++i];
+    try {
+      if (auto found = integers.find(flag); found != integers.end()) {
+        *found->second = std::stoll(value);
+      } else if (flag == "--seed") {
+        o.seed = std::stoull(value);
+      } else if (flag == "--reps") {
+        o.reps = std::stoi(value);
+      } else if (flag == "--mask") {
+        o.mask = value;
+      } else if (flag == "--impl") {
+        o.impl = value;
+      } else {
+        usage("unknown option " + flag);
+      }
+    } catch (const std::logic_error&) {
+      usage("bad value '" + value + "' for " + flag);
+    }
+  }
+  if (o.impl != "fused" && o.impl != "dense" && o.impl != "both") usage("--impl must be fused, dense or both");
+  if (o.reps < 1) usage("--reps must be >= 1");
+  return o;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+int64_t allocated_now(int device) {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device)
+      .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+      .current;
+}
+int64_t allocated_peak(int device) {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device)
+      .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+      .peak;
+}
+
+json bench_impl(const Options& o, AttentionImpl impl, MaskContext& mask, int64_t pairs) {
+  const int device = 0;
+  const auto cuda = at::TensorOptions().device(at::kCUDA, device).dtype(at::kBFloat16);
+  const auto& m = mask.mask();
+  at::manual_seed(static_cast<uint64_t>(o.seed) + 1);
+  const at::Tensor q = at::randn({o.batch, o.heads, m.q_len, o.head_dim}, cuda);
+  const at::Tensor k = at::randn({o.batch, o.kv_heads, m.kv_len, o.head_dim}, cuda);
+  const at::Tensor v = at::randn({o.batch, o.kv_heads, m.kv_len, o.head_dim}, cuda);
+  const at::Tensor dout = at::randn({o.batch, o.heads, m.q_len, o.head_dim}, cuda);
+  at::Tensor flush = at::empty({256 << 20}, cuda.dtype(at::kByte));
+  DispatchTrace trace;
+  AttentionOptions options;
+  options.impl = impl;
+  options.trace = &trace;
+  const auto stream = at::cuda::getCurrentCUDAStream(device);
+  auto leaf = [](const at::Tensor& t) { return t.detach().requires_grad_(true); };
+
+  // Timing pass: reps back to back with no host synchronization, so the host enqueues ahead of
+  // the GPU and its dispatch overhead (autograd, mask cache lookups) stays out of the events.
+  const int total = o.reps + 3;
+  std::vector<c10::cuda::CUDAEvent> events;
+  for (int i = 0; i < 4 * total; ++i) events.emplace_back(cudaEventDefault);
+  for (int rep = 0; rep < total; ++rep) {
+    const at::Tensor ql = leaf(q), kl = leaf(k), vl = leaf(v);
+    flush.fill_(rep & 0xff);
+    events[4 * rep].record(stream);
+    at::Tensor out = harness::kernels::attention(ql, kl, vl, mask, options);
+    events[4 * rep + 1].record(stream);
+    flush.fill_(rep & 0xff);
+    events[4 * rep + 2].record(stream);
+    out.backward(dout);
+    events[4 * rep + 3].record(stream);
+  }
+  std::vector<double> fwd_ms, bwd_ms;
+  for (int rep = 3; rep < total; ++rep) {  // the first 3 are warm-up
+    events[4 * rep + 3].synchronize();
+    fwd_ms.push_back(events[4 * rep].elapsed_time(events[4 * rep + 1]));
+    bwd_ms.push_back(events[4 * rep + 2].elapsed_time(events[4 * rep + 3]));
+  }
+
+  // Memory pass: one more step, synchronized, with the allocator's peak reset before each op.
+  const at::Tensor ql = leaf(q), kl = leaf(k), vl = leaf(v);
+  c10::cuda::device_synchronize();
+  const int64_t before_fwd = allocated_now(device);
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+  at::Tensor out = harness::kernels::attention(ql, kl, vl, mask, options);
+  c10::cuda::device_synchronize();
+  const int64_t fwd_peak = allocated_peak(device) - before_fwd;
+  const int64_t before_bwd = allocated_now(device);
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+  out.backward(dout);
+  c10::cuda::device_synchronize();
+  const int64_t bwd_peak = allocated_peak(device) - before_bwd;
+  const double fwd = median(fwd_ms), bwd = median(bwd_ms);
+  const double flop_pairs = static_cast<double>(pairs) * o.batch * o.heads * o.head_dim;
+  json records = json::array();
+  for (const auto& r : trace.records()) {
+    if (records.size() >= 2) break;  // one fwd and one bwd record tell the dispatch
+    records.push_back({{"op", r.op}, {"impl", r.impl}, {"config", r.config}});
+  }
+  return {{"impl", impl == AttentionImpl::fused ? "fused" : "dense"},
+          {"fwd_ms", fwd},
+          {"bwd_ms", bwd},
+          {"fwd_ms_all", fwd_ms},
+          {"bwd_ms_all", bwd_ms},
+          {"fwd_peak_bytes", fwd_peak},
+          {"bwd_peak_bytes", bwd_peak},
+          {"fwd_tflops", 4.0 * flop_pairs / (fwd * 1e-3) / 1e12},
+          {"bwd_tflops", 10.0 * flop_pairs / (bwd * 1e-3) / 1e12},
+          {"dispatch", records}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  json result;
+  try {
+    if (!torch::cuda::is_available()) throw std::runtime_error("no CUDA device");
+    const auto kind = harness::kernels::parse_mask_kind(o.mask);
+    if (!kind) usage("unknown mask " + o.mask);
+    MaskDesc desc;
+    desc.kind = *kind;
+    desc.documents = o.documents;
+    desc.window = o.window;
+    desc.seed = o.seed;
+    AttentionGeometry geometry;
+    geometry.batch = o.batch;
+    geometry.heads = o.heads;
+    geometry.kv_heads = o.kv_heads;
+    geometry.head_dim = o.head_dim;
+    geometry.anchors = o.anchors;
+    geometry.context = o.context;
+    MaskContext mask(harness::kernels::resolve_mask(desc, geometry));
+    const auto& m = mask.mask();
+    const int64_t pairs = harness::kernels::count_visible_pairs(m);
+    const auto split = harness::kernels::document_lengths(desc, *kind == harness::kernels::MaskKind::dflash ? m.context : m.kv_len);
+    result = {{"mask",
+               {{"kind", o.mask},
+                {"q_len", m.q_len},
+                {"kv_len", m.kv_len},
+                {"context", m.context},
+                {"block_size", m.block_size},
+                {"window", m.window},
+                {"context_rule", std::string(harness::kernels::context_rule_name(m.context_rule))},
+                {"in_block", std::string(harness::kernels::in_block_name(m.in_block))},
+                {"anchors", m.anchors},
+                {"doc_lengths", split}}},
+              {"dims",
+               {{"batch", o.batch}, {"heads", o.heads}, {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim}, {"anchors", o.anchors}}},
+              {"pairs_per_head", pairs},
+              {"device", at::cuda::getCurrentDeviceProperties()->name},
+              {"reps", o.reps},
+              {"results", json::array()}};
+    if (o.impl != "dense") result["results"].push_back(bench_impl(o, AttentionImpl::fused, mask, pairs));
+    if (o.impl != "fused") result["results"].push_back(bench_impl(o, AttentionImpl::dense, mask, pairs));
+  } catch (const std::exception& error) {
+    result["error"] = error.what();
+    std::cout << result.dump() << std::endl;
+    return 1;
+  }
+  std::cout << result.dump() << std::endl;
+  return 0;
+}

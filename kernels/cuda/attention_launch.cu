@@ -1,0 +1,237 @@
+// Host launchers of the fused attention kernels: head-dim switch -> config -> grid -> launch ->
+// launch check. No LibTorch here (fused_attention_cuda.cpp is the LibTorch boundary).
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/attention_config.h"
+#include "kernels/cuda/attention_params.h"
+#include "kernels/cuda/bwd_kernels.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fwd_kernel.cuh"
+#include "kernels/cuda/schedule_kernel.cuh"
+
+namespace harness::kernels::cuda {
+
+namespace {
+
+//! Largest power of two dividing n.
+int largest_power_of_two_divisor(int n) { return n & -n; }
+
+//! Packs as many query heads of one GQA group into a tile of `rows` rows as divide the group,
+//! down to 16 positions per head (one MMA row block). The heads of a group read the same K/V,
+//! so packing them keeps the K/V reuse of a `rows`-row tile while each head covers only
+//! rows / heads_packed positions: with the dflash mask that is one or two draft blocks instead
+//! of eight, so far fewer kv blocks are visited for nothing.
+TileShape packed_tile(const AttentionShape& shape, int rows, int block_n) {
+  const int group = shape.heads / shape.kv_heads;
+  const int heads_packed = std::min(largest_power_of_two_divisor(group), rows / 16);
+  return TileShape{rows, heads_packed, rows / heads_packed, block_n};
+}
+
+void require_supported(const AttentionShape& shape) {
+  if (!head_dim_supported(shape.head_dim)) {
+    throw UnsupportedConfig("fused_cuda attention: head_dim " + std::to_string(shape.head_dim) +
+                            " has no kernel (64 and 128 do)");
+  }
+  if (shape.kv_heads < 1 || shape.heads % shape.kv_heads != 0) {
+    throw UnsupportedConfig("fused_cuda attention: heads " + std::to_string(shape.heads) +
+                            " is not a multiple of kv_heads " + std::to_string(shape.kv_heads));
+  }
+}
+
+void check_blocks(const BlockListParams& blocks, const TileShape& tile, const char* kernel) {
+  if (blocks.block_m != tile.block_m || blocks.block_n != tile.block_n) {
+    throw UnsupportedConfig(std::string("fused_cuda attention: the ") + kernel + " kernel needs a BlockMask at (" +
+                            std::to_string(tile.block_m) + ", " + std::to_string(tile.block_n) + "), got (" +
+                            std::to_string(blocks.block_m) + ", " + std::to_string(blocks.block_n) + ")");
+  }
+}
+
+template <class Kernel>
+void set_smem_limit(Kernel kernel, int bytes) {
+  HARNESS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+// ---- Scratch layout ------------------------------------------------------------------------------
+
+constexpr size_t kScratchAlign = 256;
+size_t align_up(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+//! Query rows padded to 128, a multiple of every tiling's block_m, so padded tile rows index
+//! real (sees-nothing) entries of the backward's row buffers.
+int padded_q_len(const AttentionShape& shape) { return (shape.q_len + 127) / 128 * 128; }
+
+int64_t fwd_ctas(const AttentionShape& shape, const BlockListParams& blocks) {
+  const TileShape tile = fwd_tile_shape(shape);
+  return static_cast<int64_t>(blocks.num_q_blocks) * (shape.heads / tile.heads_packed) * shape.batch;
+}
+
+struct BwdLayout {
+  size_t row_stats = 0, mask_rows = 0, schedule = 0, bytes = 0;
+  int64_t dkdv_ctas = 0, dq_ctas = 0;
+};
+
+BwdLayout bwd_layout(const AttentionShape& shape, const BlockListParams& dq_blocks, const BlockListParams& dkdv_blocks) {
+  const TileShape dq_tile = bwd_dq_tile_shape(shape);
+  const int64_t q_pad = padded_q_len(shape);
+  BwdLayout layout;
+  layout.dkdv_ctas = static_cast<int64_t>(dkdv_blocks.num_kv_blocks) * shape.kv_heads * shape.batch;
+  layout.dq_ctas = static_cast<int64_t>(dq_blocks.num_q_blocks) * (shape.heads / dq_tile.heads_packed) * shape.batch;
+  layout.row_stats = 0;
+  layout.mask_rows = align_up(static_cast<size_t>(shape.batch) * shape.heads * q_pad * sizeof(float2));
+  layout.schedule = layout.mask_rows + align_up(static_cast<size_t>(q_pad) * sizeof(device::QueryMaskRow));
+  layout.bytes = layout.schedule + align_up(static_cast<size_t>(layout.dkdv_ctas + layout.dq_ctas) * sizeof(WorkItem));
+  return layout;
+}
+
+void check_scratch(const void* scratch, size_t have, size_t need, const char* what) {
+  if (need > 0 && (scratch == nullptr || have < need)) {
+    throw UnsupportedConfig(std::string("fused_cuda attention: ") + what + " scratch of " + std::to_string(have) +
+                            " bytes, needs " + std::to_string(need));
+  }
+}
+
+//! Writes the longest-first CTA table of two work classes (see schedule_kernel.cuh).
+void launch_schedule(const device::WorkClass& first, const device::WorkClass& second, WorkItem* schedule, cudaStream_t stream) {
+  const int items = first.count + second.count;
+  const bool ranked = items <= ScheduleConfig::kMaxRankedItems;
+  const int smem = ranked ? device::schedule_smem_bytes(items) : 0;
+  device::build_schedule_kernel<<<1, ScheduleConfig::kThreads, smem, stream>>>(first, second, ranked, schedule);
+  HARNESS_CUDA_LAUNCH_CHECK("build_schedule_kernel");
+}
+
+// ---- Launches ------------------------------------------------------------------------------------
+
+template <int kHeadDim>
+void launch_fwd(const FwdParams& params, cudaStream_t stream) {
+  using Cfg = FwdConfig<kHeadDim>;
+  const TileShape tile = fwd_tile_shape(params.shape);
+  check_blocks(params.blocks, tile, "forward");
+  const int64_t ctas = fwd_ctas(params.shape, params.blocks);
+  if (ctas == 0) return;
+  check_scratch(params.scratch, params.scratch_bytes, fwd_scratch_bytes(params.shape, params.blocks), "forward");
+  auto* schedule = static_cast<WorkItem*>(params.scratch);
+  // Cost of a q block: its kv blocks plus about one block's worth of Q load and epilogue.
+  const device::WorkClass q_blocks{params.blocks.num_q_blocks, params.blocks.kv_num_blocks, params.blocks.full_kv_num_blocks,
+                                   1, 1, static_cast<int32_t>(ctas / params.blocks.num_q_blocks)};
+  launch_schedule(device::WorkClass{}, q_blocks, schedule, stream);
+  auto kernel = device::attention_fwd_kernel<Cfg>;
+  set_smem_limit(kernel, Cfg::kSmemBytes);
+  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params, schedule);
+  HARNESS_CUDA_LAUNCH_CHECK("attention_fwd_kernel");
+}
+
+template <int kHeadDim>
+void launch_bwd(const BwdParams& params, cudaStream_t stream) {
+  using PrepCfg = BwdPrepConfig<kHeadDim>;
+  using DqCfg = BwdDqConfig<kHeadDim>;
+  using DkdvCfg = BwdDkdvConfig<kHeadDim>;
+  const TileShape dq_tile = bwd_dq_tile_shape(params.shape);
+  const TileShape dkdv_tile = bwd_dkdv_tile_shape(params.shape);
+  check_blocks(params.dq_blocks, dq_tile, "dQ");
+  check_blocks(params.dkdv_blocks, dkdv_tile, "dK/dV");
+  if (params.shape.batch == 0 || params.shape.q_len == 0) return;
+  const BwdLayout layout = bwd_layout(params.shape, params.dq_blocks, params.dkdv_blocks);
+  check_scratch(params.scratch, params.scratch_bytes, layout.bytes, "backward");
+  auto* base = static_cast<unsigned char*>(params.scratch);
+  device::BwdScratch scratch;
+  scratch.row_stats = reinterpret_cast<float2*>(base + layout.row_stats);
+  scratch.mask_rows = reinterpret_cast<device::QueryMaskRow*>(base + layout.mask_rows);
+  scratch.schedule = reinterpret_cast<WorkItem*>(base + layout.schedule);
+  scratch.q_pad = padded_q_len(params.shape);
+
+  const int64_t rows = static_cast<int64_t>(params.shape.batch) * params.shape.heads * scratch.q_pad;
+  const auto prep_ctas = static_cast<unsigned>((rows + PrepCfg::kRowsPerCta - 1) / PrepCfg::kRowsPerCta);
+  device::attention_bwd_prep_kernel<PrepCfg><<<prep_ctas, PrepCfg::kThreads, 0, stream>>>(params, scratch);
+  HARNESS_CUDA_LAUNCH_CHECK("attention_bwd_prep_kernel");
+
+  // An empty block list contributes no CTA (the self-test times the two kinds apart this way).
+  const int64_t ctas = layout.dkdv_ctas + layout.dq_ctas;
+  if (ctas == 0) return;
+  // Costs in units of one 64x128x128 GEMM: a dK/dV step is 4 of them for each head pack of the
+  // group, a dQ step 3 (of 128x64x128); one step's worth each for loading and storing the tile.
+  const int dkdv_packs = (params.shape.heads / params.shape.kv_heads) / dkdv_tile.heads_packed;
+  const device::WorkClass dkdv_items{params.dkdv_blocks.num_kv_blocks, params.dkdv_blocks.q_num_blocks,
+                                     params.dkdv_blocks.full_q_num_blocks, 4 * dkdv_packs, 4,
+                                     params.shape.kv_heads * params.shape.batch};
+  const device::WorkClass dq_items{params.dq_blocks.num_q_blocks, params.dq_blocks.kv_num_blocks,
+                                   params.dq_blocks.full_kv_num_blocks, 3, 3,
+                                   (params.shape.heads / dq_tile.heads_packed) * params.shape.batch};
+  launch_schedule(dkdv_items, dq_items, scratch.schedule, stream);
+
+  auto kernel = device::attention_bwd_kernel<DkdvCfg, DqCfg>;
+  set_smem_limit(kernel, kBwdSmemBytes<kHeadDim>);
+  kernel<<<static_cast<unsigned>(ctas), DkdvCfg::kThreads, kBwdSmemBytes<kHeadDim>, stream>>>(params, scratch);
+  HARNESS_CUDA_LAUNCH_CHECK("attention_bwd_kernel");
+}
+
+std::string describe_tile(const char* name, const TileShape& tile) {
+  return std::string(name) + " " + std::to_string(tile.rows) + "x" + std::to_string(tile.block_n) + " (" +
+         std::to_string(tile.heads_packed) + " heads x " + std::to_string(tile.block_m) + " q)";
+}
+
+}  // namespace
+
+bool head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
+
+size_t fwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& blocks) {
+  return align_up(static_cast<size_t>(fwd_ctas(shape, blocks)) * sizeof(WorkItem));
+}
+
+size_t bwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks, const BlockListParams& dkdv_blocks) {
+  return bwd_layout(shape, dq_blocks, dkdv_blocks).bytes;
+}
+
+TileShape fwd_tile_shape(const AttentionShape& shape) {
+  require_supported(shape);
+  static_assert(FwdConfig<64>::kBlockM == FwdConfig<128>::kBlockM && FwdConfig<64>::kBlockN == FwdConfig<128>::kBlockN,
+                "one forward tiling for both head dims");
+  return packed_tile(shape, FwdConfig<128>::kBlockM, FwdConfig<128>::kBlockN);
+}
+
+TileShape bwd_dq_tile_shape(const AttentionShape& shape) {
+  require_supported(shape);
+  static_assert(BwdDqConfig<128>::kBlockM == BwdDqConfig<64>::kBlockM && BwdDqConfig<128>::kBlockN == BwdDqConfig<64>::kBlockN,
+                "one dQ tiling for both head dims");
+  return packed_tile(shape, BwdDqConfig<128>::kBlockM, BwdDqConfig<128>::kBlockN);
+}
+
+TileShape bwd_dkdv_tile_shape(const AttentionShape& shape) {
+  require_supported(shape);
+  static_assert(BwdDkdvConfig<128>::kBlockM == BwdDkdvConfig<64>::kBlockM &&
+                    BwdDkdvConfig<128>::kBlockN == BwdDkdvConfig<64>::kBlockN,
+                "one dK/dV tiling for both head dims");
+  return packed_tile(shape, BwdDkdvConfig<128>::kBlockM, BwdDkdvConfig<128>::kBlockN);
+}
+
+std::string describe_fwd_config(const AttentionShape& shape) {
+  return describe_tile("fwd", fwd_tile_shape(shape)) + " warps=" + std::to_string(FwdConfig<128>::kWarps) +
+         " mma.sync.m16n8k16.bf16 cp.async x2, longest first";
+}
+
+std::string describe_bwd_config(const AttentionShape& shape) {
+  return describe_tile("dkdv", bwd_dkdv_tile_shape(shape)) + " + " + describe_tile("dq", bwd_dq_tile_shape(shape)) +
+         " in one launch, longest first, warps=8, deterministic (no atomics)";
+}
+
+void run_attention_fwd(const FwdParams& params, cudaStream_t stream) {
+  require_supported(params.shape);
+  switch (params.shape.head_dim) {
+    case 64: return launch_fwd<64>(params, stream);
+    case 128: return launch_fwd<128>(params, stream);
+  }
+  throw UnsupportedConfig("fused_cuda attention: head_dim " + std::to_string(params.shape.head_dim));
+}
+
+void run_attention_bwd(const BwdParams& params, cudaStream_t stream) {
+  require_supported(params.shape);
+  switch (params.shape.head_dim) {
+    case 64: return launch_bwd<64>(params, stream);
+    case 128: return launch_bwd<128>(params, stream);
+  }
+  throw UnsupportedConfig("fused_cuda attention: head_dim " + std::to_string(params.shape.head_dim));
+}
+
+}  // namespace harness::kernels::cuda

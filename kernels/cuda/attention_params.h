@@ -1,0 +1,150 @@
+#pragma once
+// Plain parameter structs of the CUDA fused attention (the `flash.h` of this folder): no LibTorch,
+// no CUDA headers beyond the stream type, so the .cu files, the standalone self-test and the
+// LibTorch boundary (fused_attention_cuda.cpp) all share them.
+//
+// Layout conventions: q/o/dq/do are [B, H, Q_LEN, D] and k/v/dk/dv are [B, H_KV, KV_LEN, D], bf16,
+// with the last dimension contiguous and every other stride given in elements (a multiple of 8 so
+// that rows are 16-byte aligned). lse is dense fp32 [B, H, Q_LEN].
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace harness::kernels::cuda {
+
+//! Mask family codes, mirroring harness::kernels::MaskKind (kept separate so device code needs no
+//! harness headers); fused_attention_cuda.cpp maps one onto the other.
+enum class MaskCode : int32_t { dflash = 0, causal = 1, document_causal = 2, sliding_window = 3, full = 4 };
+
+//! What the per-element predicate needs: ResolvedMask's scalars plus its two arrays on the device.
+struct MaskParams {
+  MaskCode kind = MaskCode::full;
+  int32_t through_anchor = 0;   //!< dflash: context rule through_anchor (kv <= anchor)
+  int32_t in_block_causal = 0;  //!< dflash: in_block causal
+  int32_t q_len = 0;
+  int32_t kv_len = 0;
+  int32_t context = 0;
+  int32_t block_size = 1;
+  int32_t window = 0;
+  const int32_t* anchors = nullptr;  //!< dflash: [q_len / block_size]
+  const int32_t* doc_id = nullptr;   //!< dflash: [context]; document_causal: [kv_len]; else unused
+};
+
+//! One BlockMask (FlexAttention layout, B = H = 1) at (block_m, block_n), int32 device arrays.
+struct BlockListParams {
+  int32_t block_m = 0;  //!< query positions per q block (per head)
+  int32_t block_n = 0;  //!< key positions per kv block
+  int32_t num_q_blocks = 0;
+  int32_t num_kv_blocks = 0;
+  const int32_t* kv_num_blocks = nullptr;       //!< [num_q_blocks]
+  const int32_t* kv_indices = nullptr;          //!< [num_q_blocks, num_kv_blocks]
+  const int32_t* full_kv_num_blocks = nullptr;  //!< [num_q_blocks]
+  const int32_t* full_kv_indices = nullptr;     //!< [num_q_blocks, num_kv_blocks]
+  const int32_t* q_num_blocks = nullptr;        //!< [num_kv_blocks]
+  const int32_t* q_indices = nullptr;           //!< [num_kv_blocks, num_q_blocks]
+  const int32_t* full_q_num_blocks = nullptr;   //!< [num_kv_blocks]
+  const int32_t* full_q_indices = nullptr;      //!< [num_kv_blocks, num_q_blocks]
+};
+
+//! A bf16 [B, heads, rows, D] tensor: base pointer and element strides (last dim contiguous).
+struct TensorRef {
+  void* data = nullptr;
+  int64_t stride_batch = 0;
+  int64_t stride_head = 0;
+  int64_t stride_row = 0;
+};
+
+//! Problem sizes shared by forward and backward.
+struct AttentionShape {
+  int32_t batch = 1;
+  int32_t heads = 1;
+  int32_t kv_heads = 1;
+  int32_t q_len = 0;
+  int32_t kv_len = 0;
+  int32_t head_dim = 0;
+};
+
+//! How a kernel tiles the queries: `rows` MMA rows per CTA made of `heads_packed` query heads of
+//! one GQA group times `block_m` query positions each (they share every K/V tile they load), and
+//! `block_n` keys per kv tile. The BlockMask the kernel reads must have (block_m, block_n).
+struct TileShape {
+  int32_t rows = 0;
+  int32_t heads_packed = 1;
+  int32_t block_m = 0;
+  int32_t block_n = 0;
+};
+
+//! One CTA's work in a longest-first schedule: a block (q block, or kv block, or in the merged
+//! backward kv blocks first then q blocks) and which copy of it (head pack / kv head, batch).
+struct WorkItem {
+  int32_t block;
+  int32_t copy;
+};
+
+//! Forward: o = softmax(scale * q k^T + mask) v, lse = logsumexp per row (natural log, -inf for
+//! rows that see nothing; their o is 0).
+struct FwdParams {
+  AttentionShape shape;
+  TensorRef q, k, v, o;
+  float* lse = nullptr;
+  float scale = 1.0f;
+  MaskParams mask;
+  BlockListParams blocks;  //!< at fwd_tile_shape(...)'s (block_m, block_n)
+  void* scratch = nullptr;  //!< device scratch of fwd_scratch_bytes(...) bytes (the schedule)
+  size_t scratch_bytes = 0;
+};
+
+//! Backward: dq, dk, dv from q, k, v, o, do and the forward's lse.
+struct BwdParams {
+  AttentionShape shape;
+  TensorRef q, k, v, o, dout, dq, dk, dv;
+  const float* lse = nullptr;
+  float scale = 1.0f;
+  MaskParams mask;
+  BlockListParams dq_blocks;    //!< at bwd_dq_tile_shape(...)'s (block_m, block_n)
+  BlockListParams dkdv_blocks;  //!< at bwd_dkdv_tile_shape(...)'s (block_m, block_n)
+  //! Device scratch of bwd_scratch_bytes(...) bytes: per-row (lse*log2e, delta), per-query mask
+  //! rows and the schedule. Its contents are internal to run_attention_bwd.
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+};
+
+//! A configuration these kernels do not implement (head_dim, alignment); the LibTorch boundary
+//! turns it into harness::kernels::UnsupportedError.
+class UnsupportedConfig : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+//! A failed CUDA call or launch: statement, file, line and device in the message.
+class CudaError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+//! Whether head_dim has kernels (64 and 128).
+bool head_dim_supported(int head_dim);
+//! Tilings of the three kernels for a problem (throws UnsupportedConfig for other head dims).
+TileShape fwd_tile_shape(const AttentionShape& shape);
+TileShape bwd_dq_tile_shape(const AttentionShape& shape);
+TileShape bwd_dkdv_tile_shape(const AttentionShape& shape);
+//! Scratch the forward / backward need for a problem and its BlockMasks (a few MB at most:
+//! 8 bytes per CTA for the schedule; backward also 8 bytes per query row and 32 per position).
+size_t fwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& blocks);
+size_t bwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks,
+                         const BlockListParams& dkdv_blocks);
+//! Human-readable tile configuration for dispatch records ("fwd 128x64 (4 heads x 32 q) ...").
+std::string describe_fwd_config(const AttentionShape& shape);
+std::string describe_bwd_config(const AttentionShape& shape);
+
+//! Launches the forward on `stream`. Throws CudaError / UnsupportedConfig.
+void run_attention_fwd(const FwdParams& params, cudaStream_t stream);
+//! Launches the backward (prep, schedule, merged dK/dV + dQ) on `stream`. Deterministic: no
+//! atomics anywhere, each output element is summed by one thread in a fixed order.
+void run_attention_bwd(const BwdParams& params, cudaStream_t stream);
+
+}  // namespace harness::kernels::cuda

@@ -1,0 +1,391 @@
+#pragma once
+// Backward kernels (device code only). Three launches, no atomics:
+//   prep:     per query row (b, h, q) of a padded length q_pad: (lse * log2e, delta = rowsum(dO * O)),
+//             and per query position its mask predicate (QueryMaskRow); padded rows see nothing.
+//   schedule: schedule_kernel.cuh ranks the dK/dV and dQ work items longest first.
+//   main:     one launch whose CTAs are either
+//     dK/dV:  one kv block of one kv head; K and V stay resident while the CTA loops over every
+//             query head of its GQA group and every q block its kv block lists, with the transposed
+//             formulation S^T = K Q^T so that P^T and dS^T come out of the MMA already as the A
+//             operand of dV += P^T dO and dK += dS^T Q (no shared-memory transpose); or
+//     dQ:     one q block of one head pack, like the forward: recomputes P from the LSE and
+//             accumulates dQ = dS K over the kv blocks of its q block.
+//   Merging them lets the short CTAs of one kind fill the tail of the other.
+// Each output element is summed by one thread in a fixed order, so results are bitwise
+// reproducible and `deterministic` costs nothing.
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/attention_config.h"
+#include "kernels/cuda/attention_params.h"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/fwd_kernel.cuh"
+#include "kernels/cuda/mask_device.cuh"
+
+namespace harness::kernels::cuda::device {
+
+//! Where the backward's internal buffers live inside BwdParams::scratch (see the launcher).
+struct BwdScratch {
+  float2* row_stats = nullptr;          //!< [B, H, q_pad]: (lse * log2e, delta)
+  QueryMaskRow* mask_rows = nullptr;    //!< [q_pad]
+  WorkItem* schedule = nullptr;         //!< one per CTA of the main launch
+  int32_t q_pad = 0;                    //!< q_len rounded up to 128 (every tiling's padded rows)
+};
+
+//! log2-scaled LSE for recomputing P = 2^(S*scale*log2e - lse2). Rows that saw nothing have
+//! lse = -inf; mapping them to +inf makes every recomputed P exactly 0 (finite gradients, no NaN).
+__device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    attention_bwd_prep_kernel(const __grid_constant__ BwdParams p, const BwdScratch scratch) {
+  constexpr int kPerRow = Cfg::kThreadsPerRow;
+  const int64_t rows_total = static_cast<int64_t>(p.shape.batch) * p.shape.heads * scratch.q_pad;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * Cfg::kRowsPerCta + threadIdx.x / kPerRow;
+  const int chunk = static_cast<int>(threadIdx.x) % kPerRow;
+  const int q = static_cast<int>(row % scratch.q_pad);
+  const int head = static_cast<int>((row / scratch.q_pad) % p.shape.heads);
+  const int batch = static_cast<int>(row / (static_cast<int64_t>(scratch.q_pad) * p.shape.heads));
+  const bool real = row < rows_total && q < p.shape.q_len;
+  float sum = 0.f;
+  if (real) {
+    const uint4 o = *reinterpret_cast<const uint4*>(row_pointer(p.o, batch, head, q) + chunk * 8);
+    const uint4 d = *reinterpret_cast<const uint4*>(row_pointer(p.dout, batch, head, q) + chunk * 8);
+    const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&o);
+    const __nv_bfloat162* d2 = reinterpret_cast<const __nv_bfloat162*>(&d);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 of = __bfloat1622float2(o2[i]);
+      const float2 df = __bfloat1622float2(d2[i]);
+      sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
+    }
+  }
+#pragma unroll
+  for (int offset = kPerRow / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (chunk != 0 || row >= rows_total) return;
+  const float lse2 = real ? lse_log2(p.lse[(static_cast<int64_t>(batch) * p.shape.heads + head) * p.shape.q_len + q]) : INFINITY;
+  scratch.row_stats[row] = make_float2(lse2, sum);
+  if (batch == 0 && head == 0) {
+    QueryMaskRow mask_row{};
+    mask_row.mask = query_mask(p.mask, q);  // q >= q_len: sees nothing
+    scratch.mask_rows[q] = mask_row;
+  }
+}
+
+//! dK/dV of one kv block of one kv head (see the file comment).
+template <class Cfg>
+__device__ __forceinline__ void bwd_dkdv_tile(const BwdParams& p, const BwdScratch& scratch, unsigned char* smem,
+                                              int kv_block, int kv_head, int batch) {
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kThreads = Cfg::kThreads;
+  constexpr int kStages = Cfg::kStages;
+  using QTile = SmemTile<kBlockM, kHeadDim>;
+  using KvTile = SmemTile<kBlockN, kHeadDim>;
+  static_assert(kThreads >= kBlockM / 2 + 2 * kBlockM, "one thread per 16-byte chunk of row info");
+
+  const uint32_t s_k = smem_address(smem);
+  const uint32_t s_v = s_k + KvTile::kBytes;
+  const uint32_t s_q = s_v + KvTile::kBytes;            // kStages Q tiles
+  const uint32_t s_do = s_q + kStages * QTile::kBytes;  // kStages dO tiles
+  // Per stage and q row: (lse2, delta) and the row's mask predicate, copied like the tiles.
+  unsigned char* row_info = smem + 2 * KvTile::kBytes + 2 * kStages * QTile::kBytes;
+  float2* s_stats = reinterpret_cast<float2*>(row_info);  // [kStages][kBlockM]
+  QueryMaskRow* s_masks = reinterpret_cast<QueryMaskRow*>(row_info + kStages * kBlockM * sizeof(float2));
+
+  const BlockListParams& blocks = p.dkdv_blocks;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int kv0 = kv_block * kBlockN;
+  const int kv_len = p.shape.kv_len;
+  const int q_len = p.shape.q_len;
+  const int block_m_shift = __ffs(blocks.block_m) - 1;
+  const int heads_packed = kBlockM / blocks.block_m;
+  const int group = p.shape.heads / p.shape.kv_heads;
+
+  load_tile_async<kBlockN, kHeadDim, kThreads>(s_k, p.k.data, [&](int row) -> const __nv_bfloat16* {
+    return kv0 + row < kv_len ? row_pointer(p.k, batch, kv_head, kv0 + row) : nullptr;
+  });
+  load_tile_async<kBlockN, kHeadDim, kThreads>(s_v, p.v.data, [&](int row) -> const __nv_bfloat16* {
+    return kv0 + row < kv_len ? row_pointer(p.v, batch, kv_head, kv0 + row) : nullptr;
+  });
+  cp_async_commit();
+
+  const int num_partial = __ldg(blocks.q_num_blocks + kv_block);
+  const int num_q_blocks = num_partial + __ldg(blocks.full_q_num_blocks + kv_block);
+  const int32_t* partial_list = blocks.q_indices + static_cast<int64_t>(kv_block) * blocks.num_q_blocks;
+  const int32_t* full_list = blocks.full_q_indices + static_cast<int64_t>(kv_block) * blocks.num_q_blocks;
+  // Steps run over (head pack, q block): every query head of the group, so dK/dV end complete.
+  const int num_steps = (group / heads_packed) * num_q_blocks;
+  auto q_block_at = [&](int step) {
+    if (step >= num_steps) return 0;
+    const int t = step % num_q_blocks;
+    return t < num_partial ? __ldg(partial_list + t) : __ldg(full_list + t - num_partial);
+  };
+  auto load_q = [&](int step, int q_block, int stage) {
+    const PackedRows rows{block_m_shift, kv_head * group + (step / num_q_blocks) * heads_packed, q_block * blocks.block_m};
+    const uint32_t offset = static_cast<uint32_t>(stage * QTile::kBytes);
+    load_tile_async<kBlockM, kHeadDim, kThreads>(s_q + offset, p.q.data, [&](int row) -> const __nv_bfloat16* {
+      const int q = rows.query(row);
+      return q < q_len ? row_pointer(p.q, batch, rows.head(row), q) : nullptr;
+    });
+    load_tile_async<kBlockM, kHeadDim, kThreads>(s_do + offset, p.dout.data, [&](int row) -> const __nv_bfloat16* {
+      const int q = rows.query(row);
+      return q < q_len ? row_pointer(p.dout, batch, rows.head(row), q) : nullptr;
+    });
+    // Row info: threads [0, kBlockM/2) copy (lse2, delta) pairs of two rows (rows 2c, 2c+1 are one
+    // head, consecutive q), the next 2*kBlockM threads the two halves of each row's mask.
+    const int t = static_cast<int>(threadIdx.x);
+    if (t < kBlockM / 2) {
+      const int row = 2 * t;
+      const float2* source = scratch.row_stats +
+                             (static_cast<int64_t>(batch) * p.shape.heads + rows.head(row)) * scratch.q_pad + rows.query(row);
+      cp_async_16(smem_address(s_stats + stage * kBlockM + row), source, true);
+    } else if (t < kBlockM / 2 + 2 * kBlockM) {
+      const int row = (t - kBlockM / 2) / 2;
+      const int half = (t - kBlockM / 2) % 2;
+      const unsigned char* source = reinterpret_cast<const unsigned char*>(scratch.mask_rows + rows.query(row)) + 16 * half;
+      cp_async_16(smem_address(s_masks + stage * kBlockM + row) + 16 * half, source, true);
+    }
+  };
+  // Ring of the next kStages steps' q block indices (see the forward).
+  int upcoming[kStages];
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) upcoming[i] = q_block_at(i);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < num_steps) load_q(i, upcoming[i], i);
+    cp_async_commit();
+  }
+
+  const int first_row = warp * 16;  // this warp's 16 keys within the kv block
+  const int my_kv[2] = {kv0 + first_row + (lane >> 2), kv0 + first_row + (lane >> 2) + 8};
+  const float scale_log2 = p.scale * kLog2e;
+  float acc_dk[kHeadDim / 8][4] = {};
+  float acc_dv[kHeadDim / 8][4] = {};
+
+  for (int step = 0; step < num_steps; ++step) {
+    const int fetched = q_block_at(step + kStages);
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // this step's tiles are in; every warp is past step - 1, whose stage is refilled
+    if (step + kStages - 1 < num_steps) load_q(step + kStages - 1, upcoming[kStages - 1], (step + kStages - 1) % kStages);
+    cp_async_commit();
+    const int stage = step % kStages;
+
+    const uint32_t s_q_stage = s_q + static_cast<uint32_t>(stage * QTile::kBytes);
+    const uint32_t s_do_stage = s_do + static_cast<uint32_t>(stage * QTile::kBytes);
+    const float2* stats = s_stats + stage * kBlockM;
+    const QueryMaskRow* masks = s_masks + stage * kBlockM;
+
+    // S^T: 16 keys x kBlockM queries for this warp.
+    float st[kBlockM / 8][4] = {};
+    gemm_rows_by_rows<kHeadDim, kBlockM / 8>(st, s_k, first_row, s_q_stage, 0);
+    if (step % num_q_blocks < num_partial) {
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = j * 8 + (lane & 3) * 2 + (e & 1);
+          if (!visible(masks[col].mask, p.mask.doc_id, my_kv[e >> 1])) st[j][e] = -INFINITY;
+        }
+      }
+    }
+    // P^T, then dV += P^T dO. P^T is kept as the bf16 A fragments the MMA takes (16 registers
+    // instead of 32), and dS^T below is computed from the same rounded P^T, whose error is below
+    // the bf16 rounding dS^T gets anyway.
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      const int col = j * 8 + (lane & 3) * 2;
+      const float l0 = stats[col].x, l1 = stats[col + 1].x;
+      st[j][0] = exp2_approx(fmaf(st[j][0], scale_log2, -l0));
+      st[j][1] = exp2_approx(fmaf(st[j][1], scale_log2, -l1));
+      st[j][2] = exp2_approx(fmaf(st[j][2], scale_log2, -l0));
+      st[j][3] = exp2_approx(fmaf(st[j][3], scale_log2, -l1));
+    }
+    uint32_t pt[kBlockM / 16][4];
+    to_a_fragments<kBlockM / 16>(pt, st);
+    gemm_frags_by_tile<kHeadDim, kBlockM / 16>(acc_dv, pt, s_do_stage, 0);
+    // dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
+    float dpt[kBlockM / 8][4] = {};
+    gemm_rows_by_rows<kHeadDim, kBlockM / 8>(dpt, s_v, first_row, s_do_stage, 0);
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      const int col = j * 8 + (lane & 3) * 2;
+      const float d0 = stats[col].y, d1 = stats[col + 1].y;
+      // C tile j is half (j % 2) of A fragment j / 2: its row g in register 2 (j % 2), row g + 8 next.
+      const float2 p_top = unpack_bf16(pt[j / 2][(j % 2) * 2]);
+      const float2 p_bottom = unpack_bf16(pt[j / 2][(j % 2) * 2 + 1]);
+      dpt[j][0] = p_top.x * (dpt[j][0] - d0);
+      dpt[j][1] = p_top.y * (dpt[j][1] - d1);
+      dpt[j][2] = p_bottom.x * (dpt[j][2] - d0);
+      dpt[j][3] = p_bottom.y * (dpt[j][3] - d1);
+    }
+    gemm_regs_by_tile<kHeadDim, kBlockM / 16>(acc_dk, dpt, s_q_stage, 0);
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];
+    upcoming[kStages - 1] = fetched;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  accumulator_to_smem<kHeadDim>(s_k, first_row, acc_dk, p.scale, p.scale);
+  store_warp_rows<kHeadDim>(s_k, first_row, [&](int row) -> __nv_bfloat16* {
+    return kv0 + row < kv_len ? const_cast<__nv_bfloat16*>(row_pointer(p.dk, batch, kv_head, kv0 + row)) : nullptr;
+  });
+  accumulator_to_smem<kHeadDim>(s_v, first_row, acc_dv, 1.f, 1.f);
+  store_warp_rows<kHeadDim>(s_v, first_row, [&](int row) -> __nv_bfloat16* {
+    return kv0 + row < kv_len ? const_cast<__nv_bfloat16*>(row_pointer(p.dv, batch, kv_head, kv0 + row)) : nullptr;
+  });
+}
+
+//! dQ of one q block of one head pack (see the file comment).
+template <class Cfg>
+__device__ __forceinline__ void bwd_dq_tile(const BwdParams& p, const BwdScratch& scratch, unsigned char* smem, int q_block,
+                                            int pack, int batch) {
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kThreads = Cfg::kThreads;
+  constexpr int kStages = Cfg::kStages;
+  using QTile = SmemTile<kBlockM, kHeadDim>;
+  using KvTile = SmemTile<kBlockN, kHeadDim>;
+
+  const uint32_t s_q = smem_address(smem);
+  const uint32_t s_do = s_q + QTile::kBytes;
+  const uint32_t s_k = s_do + QTile::kBytes;  // kStages K tiles, then kStages V tiles
+  const uint32_t s_v = s_k + kStages * KvTile::kBytes;
+
+  const BlockListParams& blocks = p.dq_blocks;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int heads_packed = kBlockM / blocks.block_m;
+  const PackedRows rows{__ffs(blocks.block_m) - 1, pack * heads_packed, q_block * blocks.block_m};
+  const int kv_head = rows.head0 / (p.shape.heads / p.shape.kv_heads);
+  const int q_len = p.shape.q_len;
+  const int kv_len = p.shape.kv_len;
+
+  load_tile_async<kBlockM, kHeadDim, kThreads>(s_q, p.q.data, [&](int row) -> const __nv_bfloat16* {
+    const int q = rows.query(row);
+    return q < q_len ? row_pointer(p.q, batch, rows.head(row), q) : nullptr;
+  });
+  load_tile_async<kBlockM, kHeadDim, kThreads>(s_do, p.dout.data, [&](int row) -> const __nv_bfloat16* {
+    const int q = rows.query(row);
+    return q < q_len ? row_pointer(p.dout, batch, rows.head(row), q) : nullptr;
+  });
+  cp_async_commit();
+
+  const int num_partial = __ldg(blocks.kv_num_blocks + q_block);
+  const int num_blocks = num_partial + __ldg(blocks.full_kv_num_blocks + q_block);
+  const int32_t* partial_list = blocks.kv_indices + static_cast<int64_t>(q_block) * blocks.num_kv_blocks;
+  const int32_t* full_list = blocks.full_kv_indices + static_cast<int64_t>(q_block) * blocks.num_kv_blocks;
+  auto kv_block_at = [&](int step) {
+    return step >= num_blocks ? 0
+           : step < num_partial ? __ldg(partial_list + step)
+                                : __ldg(full_list + step - num_partial);
+  };
+  auto load_kv = [&](int kv_block, int stage) {
+    const int kv0 = kv_block * kBlockN;
+    const uint32_t offset = static_cast<uint32_t>(stage * KvTile::kBytes);
+    load_tile_async<kBlockN, kHeadDim, kThreads>(s_k + offset, p.k.data, [&](int row) -> const __nv_bfloat16* {
+      return kv0 + row < kv_len ? row_pointer(p.k, batch, kv_head, kv0 + row) : nullptr;
+    });
+    load_tile_async<kBlockN, kHeadDim, kThreads>(s_v + offset, p.v.data, [&](int row) -> const __nv_bfloat16* {
+      return kv0 + row < kv_len ? row_pointer(p.v, batch, kv_head, kv0 + row) : nullptr;
+    });
+  };
+  // Ring of the next kStages steps' block indices (see the forward).
+  int upcoming[kStages];
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) upcoming[i] = kv_block_at(i);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < num_blocks) load_kv(upcoming[i], i);
+    cp_async_commit();
+  }
+
+  const int first_row = warp * 16;
+  const int my_row[2] = {first_row + (lane >> 2), first_row + (lane >> 2) + 8};
+  QueryMask row_mask[2];
+  float row_lse2[2];
+  float row_delta[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int q = rows.query(my_row[i]);  // < q_pad: padded rows have "nothing visible" entries
+    row_mask[i] = scratch.mask_rows[q].mask;
+    const float2 stats =
+        scratch.row_stats[(static_cast<int64_t>(batch) * p.shape.heads + rows.head(my_row[i])) * scratch.q_pad + q];
+    row_lse2[i] = stats.x;
+    row_delta[i] = stats.y;
+  }
+  const float scale_log2 = p.scale * kLog2e;
+
+  float acc_dq[kHeadDim / 8][4] = {};
+  for (int step = 0; step < num_blocks; ++step) {
+    const int fetched = kv_block_at(step + kStages);
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // this step's tile is in; every warp is past step - 1, whose stage is refilled
+    if (step + kStages - 1 < num_blocks) load_kv(upcoming[kStages - 1], (step + kStages - 1) % kStages);
+    cp_async_commit();
+
+    const int stage = step % kStages;
+    const uint32_t s_k_stage = s_k + static_cast<uint32_t>(stage * KvTile::kBytes);
+    const uint32_t s_v_stage = s_v + static_cast<uint32_t>(stage * KvTile::kBytes);
+    float s[kBlockN / 8][4] = {};
+    gemm_rows_by_rows<kHeadDim, kBlockN / 8>(s, s_q, first_row, s_k_stage, 0);
+    const int kv0 = upcoming[0] * kBlockN;
+    if (step < num_partial || kv0 + kBlockN > kv_len) {
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kv = kv0 + j * 8 + (lane & 3) * 2 + (e & 1);
+          if (!visible(row_mask[e >> 1], p.mask.doc_id, kv)) s[j][e] = -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = exp2_approx(fmaf(s[j][e], scale_log2, -row_lse2[e >> 1]));
+    }
+    float dp[kBlockN / 8][4] = {};
+    gemm_rows_by_rows<kHeadDim, kBlockN / 8>(dp, s_do, first_row, s_v_stage, 0);
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] *= dp[j][e] - row_delta[e >> 1];
+    }
+    gemm_regs_by_tile<kHeadDim, kBlockN / 16>(acc_dq, s, s_k_stage, 0);
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];
+    upcoming[kStages - 1] = fetched;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  accumulator_to_smem<kHeadDim>(s_q, first_row, acc_dq, p.scale, p.scale);
+  store_warp_rows<kHeadDim>(s_q, first_row, [&](int row) -> __nv_bfloat16* {
+    const int q = rows.query(row);
+    return q < q_len ? const_cast<__nv_bfloat16*>(row_pointer(p.dq, batch, rows.head(row), q)) : nullptr;
+  });
+}
+
+//! The merged backward launch: CTA i runs the i-th item of the longest-first schedule, a dK/dV
+//! tile (items below num_kv_blocks) or a dQ tile.
+template <class DkdvCfg, class DqCfg>
+__global__ void __launch_bounds__(DkdvCfg::kThreads, 1)
+    attention_bwd_kernel(const __grid_constant__ BwdParams p, const BwdScratch scratch) {
+  static_assert(DkdvCfg::kThreads == DqCfg::kThreads, "one block size for both tile kinds");
+  extern __shared__ __align__(128) unsigned char smem[];
+  const WorkItem work = scratch.schedule[blockIdx.x];
+  const int num_kv_blocks = p.dkdv_blocks.num_kv_blocks;
+  if (work.block < num_kv_blocks) {
+    bwd_dkdv_tile<DkdvCfg>(p, scratch, smem, work.block, work.copy % p.shape.kv_heads, work.copy / p.shape.kv_heads);
+  } else {
+    const int num_packs = p.shape.heads / (DqCfg::kBlockM / p.dq_blocks.block_m);
+    bwd_dq_tile<DqCfg>(p, scratch, smem, work.block - num_kv_blocks, work.copy % num_packs, work.copy / num_packs);
+  }
+}
+
+}  // namespace harness::kernels::cuda::device

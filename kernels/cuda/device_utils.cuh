@@ -1,0 +1,102 @@
+#pragma once
+// Device helpers of the fused attention kernels: the sm_80+ PTX they are built on (cp.async,
+// ldmatrix, mma.sync m16n8k16 bf16 -> fp32, ex2.approx) and the swizzled shared-memory tile layout.
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace harness::kernels::cuda::device {
+
+//! 16-byte asynchronous global->shared copy; when `valid` is false the 16 bytes are zero-filled
+//! (src-size 0), which is how rows past Q_LEN / KV_LEN become zeros (never garbage: a NaN in a
+//! masked V row would survive P = 0 as 0 * NaN).
+__device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem, bool valid) {
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_size));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ uint32_t smem_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+//! Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+//! Same, each 8x8 matrix transposed on the way (B operands stored k-major).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+
+//! c += a * b for one m16n8k16 tile: a row-major bf16 (4 regs), b column-major bf16 (2 regs), c fp32.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+//! Two floats as one bf16x2 register, `lo` in the low half (the lower column of an MMA fragment).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 packed = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&packed);
+}
+
+//! The two floats of a bf16x2 register (low half first).
+__device__ __forceinline__ float2 unpack_bf16(uint32_t packed) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
+}
+
+//! 2^x with the special-function unit (ex2.approx: 2 ulp, -inf -> 0), as every flash kernel does;
+//! the softmax scale is folded into log2 units so one FFMA + EX2 makes each probability.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+//! Shared-memory tile of `kRows` x `kHeadDim` bf16 stored as 16-byte chunks with chunk c of row r
+//! at c ^ (r % 8). ldmatrix reads 8 rows of one logical chunk at a time; rows are 128 or 256 bytes,
+//! so without the XOR all 8 would hit the same 4 banks (8-way conflict); with it they hit 8
+//! distinct chunk slots, covering all 32 banks.
+template <int kRows, int kHeadDim>
+struct SmemTile {
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kBytes = kRows * kHeadDim * 2;
+  static_assert(kHeadDim % 64 == 0, "the XOR swizzle needs at least 8 chunks per row");
+  __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
+    return static_cast<uint32_t>((row * kChunks + (chunk ^ (row & 7))) * 16);
+  }
+};
+
+//! Issues the cp.async copies of a [kRows x kHeadDim] tile into `smem_base` (a SmemTile). Row r comes
+//! from `row_pointer(r)`, which returns nullptr for rows to zero-fill; those copies still name a
+//! valid address (`fallback`) although they read nothing. kThreads threads share the tile.
+template <int kRows, int kHeadDim, int kThreads, typename RowPointer>
+__device__ __forceinline__ void load_tile_async(uint32_t smem_base, const void* fallback, RowPointer row_pointer) {
+  using Tile = SmemTile<kRows, kHeadDim>;
+  constexpr int kTotal = kRows * Tile::kChunks;
+  static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly among the threads");
+#pragma unroll
+  for (int i = 0; i < kTotal / kThreads; ++i) {
+    const int index = static_cast<int>(threadIdx.x) + i * kThreads;
+    const int row = index / Tile::kChunks;
+    const int chunk = index % Tile::kChunks;
+    const __nv_bfloat16* source = row_pointer(row);
+    cp_async_16(smem_base + Tile::offset(row, chunk), source ? static_cast<const void*>(source + chunk * 8) : fallback,
+                source != nullptr);
+  }
+}
+
+}  // namespace harness::kernels::cuda::device

@@ -1,0 +1,20 @@
+#pragma once
+// LibTorch boundary of the CUDA fused block-sparse attention (kernels in this folder).
+
+#include <ATen/ATen.h>
+
+#include "kernels/attention.h"
+#include "kernels/dispatch.h"
+
+namespace harness::kernels {
+
+//! Fused block-sparse attention on the GPU as a torch::autograd::Function: bf16 q [B, H, Q, D],
+//! k and v [B, H_KV, KV, D] (H a multiple of H_KV), head_dim 64 or 128, an sm_90 device. The
+//! forward saves q, k, v, out and the LSE; the backward runs the fused dK/dV and dQ kernels, which
+//! are deterministic by construction (no atomics), so `deterministic` changes nothing and is only
+//! recorded. Records attention_fwd / attention_bwd in `trace` (may be null; it must outlive the
+//! backward). Throws UnsupportedError for a dtype, head_dim or device it has no kernel for.
+at::Tensor fused_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, MaskContext& mask,
+                                double scale, bool deterministic, DispatchTrace* trace);
+
+}  // namespace harness::kernels

@@ -1,0 +1,328 @@
+#pragma once
+// Forward kernel (device code only): block-sparse flash attention with online softmax.
+// Grid: one CTA per (q block, head pack, batch), in the longest-first order of `schedule`. One CTA
+// computes `rows` = heads_packed x block_m query rows
+// (heads_packed query heads of one GQA group, block_m positions each) against the kv blocks its
+// q block lists (partial first, then full), K/V tiles double-buffered with cp.async.
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/attention_config.h"
+#include "kernels/cuda/attention_params.h"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/mask_device.cuh"
+
+namespace harness::kernels::cuda::device {
+
+//! Which (head, query position) each MMA row of a packed tile is: rows [j*block_m, (j+1)*block_m)
+//! are head head0 + j. block_m is a power of two (checked by the launcher), so these are shifts.
+struct PackedRows {
+  int block_m_shift;
+  int head0;
+  int q0;
+  __device__ __forceinline__ int head(int row) const { return head0 + (row >> block_m_shift); }
+  __device__ __forceinline__ int query(int row) const { return q0 + (row & ((1 << block_m_shift) - 1)); }
+};
+
+__device__ __forceinline__ const __nv_bfloat16* row_pointer(const TensorRef& t, int batch, int head, int row) {
+  return static_cast<const __nv_bfloat16*>(t.data) + batch * t.stride_batch + head * t.stride_head +
+         static_cast<int64_t>(row) * t.stride_row;
+}
+
+//! Copies a warp's 16 finished rows (already bf16 in its own rows of a swizzled tile) to global
+//! memory with 16-byte stores; `destination(row)` is nullptr for rows not to store.
+template <int kHeadDim, typename Destination>
+__device__ __forceinline__ void store_warp_rows(uint32_t smem_tile, int first_row, Destination destination) {
+  using Tile = SmemTile<16, kHeadDim>;  // only for kChunks; offsets use the full tile's rows
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 16 * Tile::kChunks / 32; ++i) {
+    const int index = lane + i * 32;
+    const int row = first_row + index / Tile::kChunks;
+    const int chunk = index % Tile::kChunks;
+    __nv_bfloat16* target = destination(row);
+    if (target == nullptr) continue;
+    uint4 value;
+    const uint32_t address = smem_tile + static_cast<uint32_t>((row * Tile::kChunks + (chunk ^ (row & 7))) * 16);
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w)
+                 : "r"(address)
+                 : "memory");
+    *reinterpret_cast<uint4*>(target + chunk * 8) = value;
+  }
+}
+
+//! Writes a warp's fp32 accumulator (16 rows x kHeadDim, m16n8 C layout) as bf16 into its own
+//! rows of a swizzled tile, each value multiplied by the row's factor.
+template <int kHeadDim>
+__device__ __forceinline__ void accumulator_to_smem(uint32_t smem_tile, int first_row, const float (&acc)[kHeadDim / 8][4],
+                                                    float factor_row0, float factor_row1) {
+  constexpr int kChunks = kHeadDim / 8;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int row0 = first_row + (lane >> 2);
+  const int row1 = row0 + 8;
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; ++j) {
+    const uint32_t lo = pack_bf16(acc[j][0] * factor_row0, acc[j][1] * factor_row0);
+    const uint32_t hi = pack_bf16(acc[j][2] * factor_row1, acc[j][3] * factor_row1);
+    const uint32_t byte_in_chunk = static_cast<uint32_t>((lane & 3) * 4);
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_tile + static_cast<uint32_t>((row0 * kChunks + (j ^ (row0 & 7))) * 16) +
+                                                   byte_in_chunk),
+                 "r"(lo)
+                 : "memory");
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_tile + static_cast<uint32_t>((row1 * kChunks + (j ^ (row1 & 7))) * 16) +
+                                                   byte_in_chunk),
+                 "r"(hi)
+                 : "memory");
+  }
+}
+
+//! acc[16 x 8*kTilesN] += A[16 rows from a_first_row of tile A] * B^T where B's rows (the n index)
+//! are rows b_first_row.. of tile B (both [rows x kHeadDim] swizzled, k = head dim).
+template <int kHeadDim, int kTilesN>
+__device__ __forceinline__ void gemm_rows_by_rows(float (&acc)[kTilesN][4], uint32_t tile_a, int a_first_row, uint32_t tile_b,
+                                                  int b_first_row) {
+  constexpr int kChunks = kHeadDim / 8;
+  static_assert(kTilesN % 2 == 0, "n tiles come in pairs from one ldmatrix.x4");
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int a_row = a_first_row + (lane & 15);
+  const int b_row_in_pair = (lane & 7) + ((lane >> 4) << 3);
+  const int b_chunk_half = (lane >> 3) & 1;
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    uint32_t a[4];
+    const int a_chunk = kk * 2 + (lane >> 4);
+    ldmatrix_x4(a, tile_a + static_cast<uint32_t>((a_row * kChunks + (a_chunk ^ (a_row & 7))) * 16));
+#pragma unroll
+    for (int nn = 0; nn < kTilesN / 2; ++nn) {
+      uint32_t b[4];
+      const int b_row = b_first_row + nn * 16 + b_row_in_pair;
+      const int b_chunk = kk * 2 + b_chunk_half;
+      ldmatrix_x4(b, tile_b + static_cast<uint32_t>((b_row * kChunks + (b_chunk ^ (b_row & 7))) * 16));
+      mma_bf16(acc[2 * nn], a, b[0], b[1]);
+      mma_bf16(acc[2 * nn + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+//! The A fragments (bf16) of an m16 x k(16*kStepsK) operand held in fp32 m16n8 C-layout tiles:
+//! C tiles 2kk and 2kk+1 are exactly the A fragment of k step kk, so P and dS go from one MMA's
+//! output to the next MMA's input without leaving registers.
+template <int kStepsK>
+__device__ __forceinline__ void to_a_fragments(uint32_t (&a)[kStepsK][4], const float (&c)[2 * kStepsK][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kStepsK; ++kk) {
+    a[kk][0] = pack_bf16(c[2 * kk][0], c[2 * kk][1]);
+    a[kk][1] = pack_bf16(c[2 * kk][2], c[2 * kk][3]);
+    a[kk][2] = pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    a[kk][3] = pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  }
+}
+
+//! acc[16 x kHeadDim] += A[16 x 16*kStepsK] (bf16 fragments in registers) * B where B is a swizzled
+//! [rows x kHeadDim] tile read k-major (ldmatrix.trans) from row b_first_row.
+template <int kHeadDim, int kStepsK>
+__device__ __forceinline__ void gemm_frags_by_tile(float (&acc)[kHeadDim / 8][4], const uint32_t (&a)[kStepsK][4],
+                                                   uint32_t tile_b, int b_first_row) {
+  constexpr int kChunks = kHeadDim / 8;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int b_row_in_step = (lane & 7) + (((lane >> 3) & 1) << 3);
+  const int b_chunk_half = lane >> 4;
+#pragma unroll
+  for (int kk = 0; kk < kStepsK; ++kk) {
+    const int b_row = b_first_row + kk * 16 + b_row_in_step;
+#pragma unroll
+    for (int dd = 0; dd < kHeadDim / 16; ++dd) {
+      uint32_t b[4];
+      const int b_chunk = dd * 2 + b_chunk_half;
+      ldmatrix_x4_trans(b, tile_b + static_cast<uint32_t>((b_row * kChunks + (b_chunk ^ (b_row & 7))) * 16));
+      mma_bf16(acc[2 * dd], a[kk], b[0], b[1]);
+      mma_bf16(acc[2 * dd + 1], a[kk], b[2], b[3]);
+    }
+  }
+}
+
+//! acc += P * B with P in fp32 C-layout tiles (rounded to bf16 for the MMA).
+template <int kHeadDim, int kStepsK>
+__device__ __forceinline__ void gemm_regs_by_tile(float (&acc)[kHeadDim / 8][4], const float (&p)[2 * kStepsK][4],
+                                                  uint32_t tile_b, int b_first_row) {
+  uint32_t a[kStepsK][4];
+  to_a_fragments<kStepsK>(a, p);
+  gemm_frags_by_tile<kHeadDim, kStepsK>(acc, a, tile_b, b_first_row);
+}
+
+//! Sum over the four threads of a quad (they hold one row's columns in the C layout).
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x;
+}
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  return x;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+    attention_fwd_kernel(const __grid_constant__ FwdParams p, const WorkItem* __restrict__ schedule) {
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kThreads = Cfg::kThreads;
+  constexpr int kStages = Cfg::kStages;
+  using QTile = SmemTile<kBlockM, kHeadDim>;
+  using KvTile = SmemTile<kBlockN, kHeadDim>;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t s_q = smem_address(smem);
+  const uint32_t s_k = s_q + QTile::kBytes;  // kStages K tiles, then kStages V tiles
+  const uint32_t s_v = s_k + kStages * KvTile::kBytes;
+
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  // Longest-first order: CTA i takes the i-th most expensive (q block, head pack, batch).
+  const WorkItem work = schedule[blockIdx.x];
+  const int block_m = p.blocks.block_m;
+  const int heads_packed = kBlockM / block_m;
+  const int num_packs = p.shape.heads / heads_packed;
+  const int q_block = work.block;
+  const int batch = work.copy / num_packs;
+  const PackedRows rows{__ffs(block_m) - 1, (work.copy % num_packs) * heads_packed, q_block * block_m};
+  const int kv_head = rows.head0 / (p.shape.heads / p.shape.kv_heads);
+  const int q_len = p.shape.q_len;
+  const int kv_len = p.shape.kv_len;
+
+  load_tile_async<kBlockM, kHeadDim, kThreads>(s_q, p.q.data, [&](int row) -> const __nv_bfloat16* {
+    const int q = rows.query(row);
+    return q < q_len ? row_pointer(p.q, batch, rows.head(row), q) : nullptr;
+  });
+  cp_async_commit();
+
+  const int num_partial = __ldg(p.blocks.kv_num_blocks + q_block);
+  const int num_blocks = num_partial + __ldg(p.blocks.full_kv_num_blocks + q_block);
+  const int32_t* partial_list = p.blocks.kv_indices + static_cast<int64_t>(q_block) * p.blocks.num_kv_blocks;
+  const int32_t* full_list = p.blocks.full_kv_indices + static_cast<int64_t>(q_block) * p.blocks.num_kv_blocks;
+  auto kv_block_at = [&](int step) {
+    return step >= num_blocks ? 0
+           : step < num_partial ? __ldg(partial_list + step)
+                                : __ldg(full_list + step - num_partial);
+  };
+  auto load_kv = [&](int kv_block, int stage) {
+    const int kv0 = kv_block * kBlockN;
+    const uint32_t offset = static_cast<uint32_t>(stage * KvTile::kBytes);
+    load_tile_async<kBlockN, kHeadDim, kThreads>(s_k + offset, p.k.data, [&](int row) -> const __nv_bfloat16* {
+      return kv0 + row < kv_len ? row_pointer(p.k, batch, kv_head, kv0 + row) : nullptr;
+    });
+    load_tile_async<kBlockN, kHeadDim, kThreads>(s_v + offset, p.v.data, [&](int row) -> const __nv_bfloat16* {
+      return kv0 + row < kv_len ? row_pointer(p.v, batch, kv_head, kv0 + row) : nullptr;
+    });
+  };
+  // Ring of the next kStages steps' block indices: each is read from global memory kStages steps
+  // before its tile is used, so no step waits on a load for the index it needs (v1 read the index
+  // in the step that used it and stalled every warp for an L2 round trip each step).
+  int upcoming[kStages];
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) upcoming[i] = kv_block_at(i);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < num_blocks) load_kv(upcoming[i], i);
+    cp_async_commit();  // one group per tile, empty or not, keeps the wait counts uniform
+  }
+
+  // This thread's two rows of the C layout: warp rows g and g + 8.
+  const int first_row = warp * 16;
+  const int my_row[2] = {first_row + (lane >> 2), first_row + (lane >> 2) + 8};
+  const QueryMask row_mask[2] = {query_mask(p.mask, rows.query(my_row[0])), query_mask(p.mask, rows.query(my_row[1]))};
+  const float scale_log2 = p.scale * kLog2e;
+
+  float acc_o[kHeadDim / 8][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY};  // raw scores (unscaled)
+  float row_sum[2] = {0.f, 0.f};              // this thread's columns only; quad-reduced at the end
+
+  for (int step = 0; step < num_blocks; ++step) {
+    const int fetched = kv_block_at(step + kStages);  // becomes upcoming[kStages - 1] next step
+    cp_async_wait<kStages - 2>();                     // this step's tile has landed (own copies) ...
+    __syncthreads();                                  // ... and everyone's; step - 1 is done everywhere
+    // Refill the stage step - 1 read: every warp has passed the barrier, so none still reads it.
+    if (step + kStages - 1 < num_blocks) load_kv(upcoming[kStages - 1], (step + kStages - 1) % kStages);
+    cp_async_commit();
+
+    const int stage = step % kStages;
+    const uint32_t s_k_stage = s_k + static_cast<uint32_t>(stage * KvTile::kBytes);
+    const uint32_t s_v_stage = s_v + static_cast<uint32_t>(stage * KvTile::kBytes);
+    float s[kBlockN / 8][4] = {};
+    gemm_rows_by_rows<kHeadDim, kBlockN / 8>(s, s_q, first_row, s_k_stage, 0);
+
+    const int kv0 = upcoming[0] * kBlockN;
+    if (step < num_partial || kv0 + kBlockN > kv_len) {
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kv = kv0 + j * 8 + (lane & 3) * 2 + (e & 1);
+          if (!visible(row_mask[e >> 1], p.mask.doc_id, kv)) s[j][e] = -INFINITY;
+        }
+      }
+    }
+
+    float base[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float m = row_max[i];
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) m = fmaxf(m, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+      m = quad_max(m);
+      // A row with nothing visible so far keeps max -inf; subtract 0 then (every p is 0).
+      base[i] = m == -INFINITY ? 0.f : m * scale_log2;
+      // corr rescales what was accumulated under the previous max; nothing was when it was -inf.
+      const float corr = row_max[i] == -INFINITY ? 0.f : exp2_approx(row_max[i] * scale_log2 - base[i]);
+      row_max[i] = m;
+      row_sum[i] *= corr;
+#pragma unroll
+      for (int d = 0; d < kHeadDim / 8; ++d) {
+        acc_o[d][2 * i] *= corr;
+        acc_o[d][2 * i + 1] *= corr;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = exp2_approx(fmaf(s[j][e], scale_log2, -base[e >> 1]));
+        row_sum[e >> 1] += s[j][e];
+      }
+    }
+    gemm_regs_by_tile<kHeadDim, kBlockN / 16>(acc_o, s, s_v_stage, 0);
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];
+    upcoming[kStages - 1] = fetched;
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the Q tile (rows of every warp) has landed before warps overwrite their rows
+
+  float inv_sum[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float sum = quad_sum(row_sum[i]);
+    inv_sum[i] = sum > 0.f ? 1.f / sum : 0.f;
+    const int q = rows.query(my_row[i]);
+    if ((lane & 3) == 0 && q < q_len) {
+      const float lse = sum > 0.f ? (row_max[i] * scale_log2 + __log2f(sum)) * kLn2 : -INFINITY;
+      p.lse[(static_cast<int64_t>(batch) * p.shape.heads + rows.head(my_row[i])) * q_len + q] = lse;
+    }
+  }
+  accumulator_to_smem<kHeadDim>(s_q, first_row, acc_o, inv_sum[0], inv_sum[1]);
+  store_warp_rows<kHeadDim>(s_q, first_row, [&](int row) -> __nv_bfloat16* {
+    const int q = rows.query(row);
+    return q < q_len ? const_cast<__nv_bfloat16*>(row_pointer(p.o, batch, rows.head(row), q)) : nullptr;
+  });
+}
+
+}  // namespace harness::kernels::cuda::device

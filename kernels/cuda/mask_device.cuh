@@ -1,0 +1,81 @@
+#pragma once
+// The mask predicate on the device. It mirrors ResolvedMask::visible (kernels/mask_desc.h and the
+// per-row predicates in mask_desc.cpp) exactly:
+//   dflash (query q in draft block i = q / block_size, anchor a = anchors[i]):
+//     kv < context:  kv < a (kv <= a with through_anchor) and doc_id[kv] == doc_id[a]
+//     kv >= context: context + i*block_size <= kv < context + (i+1)*block_size
+//                    (in_block causal: kv <= context + q)
+//   causal:          kv <= q_abs, q_abs = q + kv_len - q_len
+//   document_causal: kv <= q_abs and doc_id[kv] == doc_id[q_abs] (q_abs < 0 sees nothing)
+//   sliding_window:  q_abs - window < kv <= q_abs
+//   full:            every kv < kv_len
+// Every kind fits one shape, hoisted per query row: a context range [ctx_lo, ctx_hi) optionally
+// restricted to one document, or a band [band_lo, band_hi). Only partial blocks (and the ragged
+// last kv block) evaluate it; full blocks skip it.
+
+#include <cstdint>
+
+#include "kernels/cuda/attention_params.h"
+
+namespace harness::kernels::cuda::device {
+
+//! What one query row sees, hoisted out of the per-key test.
+struct QueryMask {
+  int32_t ctx_lo;
+  int32_t ctx_hi;
+  int32_t doc;  //!< -1: no document restriction on the context range
+  int32_t band_lo;
+  int32_t band_hi;
+};
+
+//! QueryMask padded to 32 bytes: the backward prep kernel writes one per query position and the
+//! dK/dV kernel copies them with 16-byte cp.async.
+struct alignas(16) QueryMaskRow {
+  QueryMask mask;
+  int32_t unused[3];
+};
+static_assert(sizeof(QueryMaskRow) == 32, "two 16-byte chunks per row");
+
+//! The row predicate of query q; rows past q_len (tile padding) see nothing.
+__device__ __forceinline__ QueryMask query_mask(const MaskParams& mask, int q) {
+  QueryMask row{0, 0, -1, 0, 0};
+  if (q >= mask.q_len) return row;
+  const int q_abs = q + mask.kv_len - mask.q_len;
+  switch (mask.kind) {
+    case MaskCode::dflash: {
+      const int block = q / mask.block_size;
+      const int anchor = __ldg(mask.anchors + block);
+      row.ctx_hi = min(anchor + mask.through_anchor, mask.context);
+      row.doc = __ldg(mask.doc_id + anchor);
+      row.band_lo = mask.context + block * mask.block_size;
+      row.band_hi = mask.in_block_causal ? mask.context + q + 1 : row.band_lo + mask.block_size;
+      break;
+    }
+    case MaskCode::causal:
+      row.ctx_hi = max(q_abs + 1, 0);
+      break;
+    case MaskCode::document_causal:
+      if (q_abs >= 0) {
+        row.ctx_hi = q_abs + 1;
+        row.doc = __ldg(mask.doc_id + q_abs);
+      }
+      break;
+    case MaskCode::sliding_window:
+      row.ctx_lo = max(q_abs - mask.window + 1, 0);
+      row.ctx_hi = max(q_abs + 1, 0);
+      break;
+    case MaskCode::full:
+      row.ctx_hi = mask.kv_len;
+      break;
+  }
+  return row;
+}
+
+//! Whether the row sees key kv (kv >= kv_len is never visible: every range ends by kv_len).
+__device__ __forceinline__ bool visible(const QueryMask& row, const int32_t* doc_id, int kv) {
+  const bool in_context =
+      kv >= row.ctx_lo && kv < row.ctx_hi && (row.doc < 0 || __ldg(doc_id + kv) == row.doc);
+  return in_context || (kv >= row.band_lo && kv < row.band_hi);
+}
+
+}  // namespace harness::kernels::cuda::device
