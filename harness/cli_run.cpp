@@ -32,6 +32,7 @@ struct RunArgs {
   std::string profile;
   bool no_profile = false;
   std::vector<std::string> fail_on;
+  std::string memory_limit;
   double env_timeout_s = 180.0;
 };
 
@@ -142,6 +143,14 @@ bool trial_failed(const std::string& status) {
 
 int run_experiment(const RunArgs& args, const GlobalOptions& options) {
   check_device_syntax(args.device);
+  int64_t memory_limit_bytes = 0;
+  if (!args.memory_limit.empty()) {
+    const auto bytes = spec::parse_quantity(args.memory_limit);
+    if (!bytes || *bytes < 1 || args.memory_limit.find_first_of("msu") != std::string::npos)
+      throw UsageError(fmt::format("--memory-limit '{}': expected a size such as 96GiB, 512MiB or a byte count",
+                                   args.memory_limit));
+    memory_limit_bytes = static_cast<int64_t>(*bytes);
+  }
   const auto dirs = experiment_search_dirs(options);
   const auto spec_path = spec::find_spec(args.experiment, dirs);
   if (!spec_path) {
@@ -180,6 +189,7 @@ int run_experiment(const RunArgs& args, const GlobalOptions& options) {
   run.profile = spec.profile;
   run.args = {{"experiment", args.experiment}, {"spec_path", *spec_path}, {"set", args.overrides},
               {"requested_device", args.device}};
+  if (memory_limit_bytes > 0) run.args["memory_limit_bytes"] = memory_limit_bytes;
   const int64_t run_id = store.begin_run(run);
 
   const std::string spec_file = scratch.file("spec.json");
@@ -204,11 +214,16 @@ int run_experiment(const RunArgs& args, const GlobalOptions& options) {
     command.argv = {self_executable(), "__trial", "--spec", spec_file, "--variant", variant.name,
                     "--device", device, "--result", result_path, "--log-level", child_log_level(options)};
     if (allow_faults) command.argv.push_back("--allow-faults");
+    if (memory_limit_bytes > 0) {
+      command.argv.push_back("--memory-limit");
+      command.argv.push_back(std::to_string(memory_limit_bytes));
+    }
     command.timeout_s = spec.timeout_s;
+    const std::string started_at = db::now_iso8601();
     const ChildOutcome outcome = run_child(command, [](const std::string& line) { spdlog::debug("child: {}", line); });
     auto [trial, metrics] = record_trial(variant.name, outcome, result_path);
     trial.run_id = run_id;
-    trial.started_at = db::now_iso8601();
+    trial.started_at = started_at;
     store.add_trial(trial, metrics);
     if (show_progress)
       std::cerr << fmt::format("{}  [{}/{}] {:<10} {:<12} {:.1f} s{}\n", interactive ? "\r" : "", index + 1, total, variant.name, trial.status,
@@ -258,6 +273,8 @@ Action add_run_command(CLI::App& app, GlobalOptions& options) {
   command->add_option("--set", args->overrides, "Override a spec field: path=value (e.g. dims.anchors=256)");
   command->add_option("--profile", args->profile, "Apply a profile of the spec (default: cpu on the CPU)");
   command->add_flag("--no-profile", args->no_profile, "Never apply a profile, even on the CPU");
+  command->add_option("--memory-limit", args->memory_limit,
+                      "Cap the device memory of each trial's step (e.g. 96GiB), to reproduce an OOM of a smaller GPU");
   command->add_option("--fail-on", args->fail_on,
                       "Exit 1 when: failed (a trial crashed/timed out/errored), invalid (verdict INVALID or "
                       "INCONCLUSIVE), verdict=NAME");

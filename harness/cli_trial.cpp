@@ -16,6 +16,7 @@ namespace {
 
 struct TrialArgs {
   std::string spec_path, variant, device, result_path;
+  int64_t memory_limit_bytes = 0;
   bool allow_faults = false;
 };
 
@@ -34,11 +35,12 @@ Action add_trial_command(CLI::App& app, GlobalOptions& options) {
   command->add_option("--device", args->device)->required();
   command->add_option("--result", args->result_path)->required();
   command->add_flag("--allow-faults", args->allow_faults);
+  command->add_option("--memory-limit", args->memory_limit_bytes, "Device memory cap in bytes (0: none)");
   add_global_options(*command, options);
   return [args] {
     const auto resolved = nlohmann::json::parse(read_file(args->spec_path));
     const spec::Spec spec = spec::parse_spec(resolved, args->spec_path, args->allow_faults);
-    const kinds::TrialResult result = kinds::run_attention_step(spec, args->variant, args->device);
+    const kinds::TrialResult result = kinds::run_attention_step(spec, args->variant, args->device, args->memory_limit_bytes);
     write_file_atomic(args->result_path, kinds::to_json(result).dump());
     return kExitOk;
   };

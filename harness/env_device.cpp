@@ -50,7 +50,11 @@ nlohmann::json device_fingerprint(const std::string& device) {
   const auto& hooks = at::detail::getCUDAHooks();
   const bool has_cuda = at::hasCUDA();
   env["cuda_runtime"] = has_cuda ? dotted_cuda_version(hooks.versionCUDART()) : "none";
-  env["cudnn"] = has_cuda ? std::to_string(hooks.versionCuDNN()) : "none";
+  // cuDNN encodes its version as major*10000 + minor*100 + patch (91900 is 9.19.0).
+  const long cudnn = has_cuda ? hooks.versionCuDNN() : 0;
+  env["cudnn"] = cudnn > 0 ? std::to_string(cudnn / 10000) + "." + std::to_string(cudnn % 10000 / 100) + "." +
+                                 std::to_string(cudnn % 100)
+                           : "none";
   env["cpu_threads"] = at::get_num_threads();
   if (device.rfind("cuda", 0) != 0) return env;
 

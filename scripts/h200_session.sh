@@ -27,12 +27,22 @@ step "unit tests (Catch2 v3)"
 step "[cuda] tests"
 "$build/tests/harness_torch_tests" "[cuda]" >"$out/cuda_tests.log" 2>&1; echo "rc=$?"; tail -3 "$out/cuda_tests.log"
 
+step "CLI end to end on the GPU"
+"$build/tests/harness_cli_tests" "[cuda]" >"$out/cli_cuda.log" 2>&1; echo "rc=$?"; tail -3 "$out/cli_cuda.log"
+
 step "harness run bwd_fusion --device cuda:0"
 db=$out/h200.db
 "$build/harness/harness" env --device cuda:0 >"$out/env.txt" 2>&1
 "$build/harness/harness" run bwd_fusion --device cuda:0 --db "$db" 2>&1 | tee "$out/bwd_fusion.txt"
 "$build/harness/harness" show 1 --db "$db" >"$out/show.txt" 2>&1
 "$build/harness/harness" show 1 --db "$db" --json >"$out/show.json" 2>&1
+
+if [[ "${HARNESS_SKIP_OOM:-0}" != 1 ]]; then
+  # The founding failure on a 96 GB GPU, reproduced on the H200's 141 GB by capping each trial.
+  step "bwd_fusion at 512 anchors, 5 layers, --memory-limit 96GiB"
+  "$build/harness/harness" run bwd_fusion --device cuda:0 --db "$db" --set dims.anchors=512 --set dims.layers=5 \
+    --memory-limit 96GiB 2>&1 | tee "$out/bwd_fusion_oom.txt"
+fi
 
 if [[ "${HARNESS_SKIP_BENCH:-0}" != 1 ]]; then
   step "benchmark: ours vs torch.compile(flex_attention)"

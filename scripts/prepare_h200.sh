@@ -10,4 +10,8 @@ if [[ ! -f sqlite3/usr/include/sqlite3.h ]]; then
   dpkg -x libsqlite3-dev_*.deb sqlite3
   rm -f libsqlite3-dev_*.deb
 fi
+# The device copy of the tree has no .git: record the commit for the env fingerprint.
+commit=$(git -C "$root" rev-parse HEAD)
+[[ -z "$(git -C "$root" status --porcelain --untracked-files=no)" ]] || commit="$commit-dirty"
+echo "$commit" >"$root/.deps/git_commit"
 echo "ready: $root/.deps/sqlite3/usr/include/sqlite3.h"

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "experiments/kinds/memory.h"
 #include "kernels/attention.h"
 #include "tests/catch.h"
 
@@ -126,45 +127,6 @@ void compare_fused_with_dense(const Shape& shape, const std::string& name, const
   }
 }
 
-// Counts the bytes held through the CPU allocator while installed (ATen's CPU tensors all
-// allocate through c10::GetCPUAllocator()).
-class TrackingCpuAllocator final : public c10::Allocator {
- public:
-  explicit TrackingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
-  c10::DataPtr allocate(std::size_t bytes) override {
-    c10::DataPtr inner = inner_->allocate(bytes);
-    void* data = inner.get();
-    auto* allocation = new Allocation{std::move(inner), static_cast<int64_t>(bytes), this};
-    const int64_t now = current_.fetch_add(allocation->bytes) + allocation->bytes;
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    return {data, allocation, &release, c10::Device(c10::kCPU)};
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-  //! Starts a measurement: returns the bytes held now, which the peak starts from.
-  int64_t start() {
-    peak_ = current_.load();
-    return peak_;
-  }
-  int64_t peak() const { return peak_.load(); }
-
- private:
-  struct Allocation {
-    c10::DataPtr inner;
-    int64_t bytes;
-    TrackingCpuAllocator* owner;
-  };
-  static void release(void* context) {
-    auto* allocation = static_cast<Allocation*>(context);
-    allocation->owner->current_ -= allocation->bytes;
-    delete allocation;
-  }
-  c10::Allocator* inner_;
-  std::atomic<int64_t> current_{0};
-  std::atomic<int64_t> peak_{0};
-};
-
 // One intra-op thread for one scope.
 class SingleThreadScope {
  public:
@@ -175,29 +137,6 @@ class SingleThreadScope {
 
  private:
   int threads_;
-};
-
-// Installs the tracker (and one intra-op thread, so that the peak does not depend on the core
-// count) for one scope. The tracker is never destroyed: blocks allocated through it may be freed
-// after the scope (thread-local caches), and their deleter reaches it.
-class TrackingScope {
- public:
-  TrackingScope() : previous_(c10::GetCPUAllocator()) {
-    static auto* const tracker = new TrackingCpuAllocator(c10::GetDefaultCPUAllocator());
-    tracker_ = tracker;
-    c10::SetCPUAllocator(tracker_, kPriority);
-  }
-  ~TrackingScope() { c10::SetCPUAllocator(previous_, kPriority); }
-  TrackingScope(const TrackingScope&) = delete;
-  TrackingScope& operator=(const TrackingScope&) = delete;
-  bool installed() const { return c10::GetCPUAllocator() == tracker_; }
-  TrackingCpuAllocator& tracker() { return *tracker_; }
-
- private:
-  static constexpr uint8_t kPriority = 200;  // above the default allocator's registration (0)
-  c10::Allocator* previous_;
-  TrackingCpuAllocator* tracker_ = nullptr;
-  SingleThreadScope single_thread_;
 };
 
 }  // namespace
@@ -406,20 +345,21 @@ TEST_CASE("the fused backward allocates no Q x KV tensor; the dense one does", "
   const at::Tensor v = at::randn({1, 1, kv_len, 64}, bf16).requires_grad_(true);
   const at::Tensor grad_out = at::randn({1, 8, q_len, 64}, bf16);
 
-  TrackingScope scope;
-  if (!scope.installed()) {
-    WARN("could not install the tracking CPU allocator; memory test skipped");
-    return;
-  }
+  // One intra-op thread, so that the peak does not depend on the core count; the harness's own
+  // tracking CPU allocator (the one trials measure with) counts the bytes.
+  SingleThreadScope single_thread;
+  harness::kinds::MemoryMeter meter(at::kCPU);
   const auto measure = [&](AttentionImpl impl) {
     AttentionOptions options;
     options.impl = impl;
-    int64_t base = scope.tracker().start();
+    meter.reset_peak();
+    int64_t base = meter.current();
     at::Tensor out = attention(q, k, v, mask, options);
-    const int64_t fwd_peak = scope.tracker().peak() - base;
-    base = scope.tracker().start();
+    const int64_t fwd_peak = meter.peak() - base;
+    meter.reset_peak();
+    base = meter.current();
     out.backward(grad_out);
-    const int64_t bwd_peak = scope.tracker().peak() - base;
+    const int64_t bwd_peak = meter.peak() - base;
     q.mutable_grad().reset();
     k.mutable_grad().reset();
     v.mutable_grad().reset();

@@ -197,6 +197,30 @@ TEST_CASE("trials that crash, abort, throw, run out of memory or hang are record
   CHECK(fail_on.exit_code == 1);
 }
 
+TEST_CASE("--memory-limit makes the dense variant an OOM result, not a crash", "[cli]") {
+  Sandbox box;
+  // At the CPU profile the dense forward adds ~30 MiB (fp32 scores) and the fused one < 1 MiB.
+  const Result run = box.harness("run bwd_fusion --device cpu --memory-limit 8MiB --json --db " + box.db());
+  INFO(run.err);
+  REQUIRE(run.exit_code == 0);
+  const auto json = nlohmann::json::parse(run.out);
+  CHECK(json["run"]["args"]["memory_limit_bytes"] == 8 * 1024 * 1024);
+  const auto* dense = trial_of(json, "dense");
+  REQUIRE(dense != nullptr);
+  CHECK((*dense)["status"] == "oom");
+  CHECK((*dense)["requested_bytes"].get<int64_t>() > 0);
+  CHECK((*dense)["error"].get<std::string>().find("memory-limit") != std::string::npos);
+  const auto* fused = trial_of(json, "fused");
+  REQUIRE(fused != nullptr);
+  CHECK((*fused)["status"] == "ok");
+  CHECK(json["run"]["status"] == "ok");  // an OOM is a result
+  CHECK(json["run"]["verdict"] == "FUSED");
+
+  const Result bad = box.harness("run bwd_fusion --device cpu --memory-limit 5ms --db " + box.db());
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.err.find("--memory-limit") != std::string::npos);
+}
+
 TEST_CASE("env prints the fingerprint", "[cli]") {
   Sandbox box;
   const Result env = box.harness("env --device cpu --json");

@@ -105,10 +105,11 @@ void check_against_reference(const spec::Spec& spec, const std::string& impl, co
 }
 
 TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const at::Device& device,
-                     kernels::DispatchTrace& trace) {
+                     int64_t memory_limit_bytes, kernels::DispatchTrace& trace) {
   TrialResult result;
   MemoryMeter meter(device);
   watch_cuda_oom(device);
+  if (memory_limit_bytes > 0) set_memory_limit(device, memory_limit_bytes);
   const double scale = 1.0 / std::sqrt(static_cast<double>(spec.dims.head_dim));
 
   kernels::MaskContext mask(kernels::resolve_mask(spec.mask, spec.dims));
@@ -120,6 +121,9 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
   options.impl = variant.impl == "dense" ? kernels::AttentionImpl::dense : kernels::AttentionImpl::fused;
   options.scale = scale;
   options.trace = &trace;
+  // The spec's BlockMask block size tiles the CPU fused kernel; the CUDA kernels choose their own
+  // tiles (and build their BlockMasks at that granularity), named in the dispatch trace.
+  options.cpu_tiles = {spec.mask_block, spec.mask_block};
 
   StepTensors layer0;
   PhaseTimer timer(device);
@@ -159,6 +163,8 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
     if (iteration + 1 == spec.warmup + spec.repeats)
       layer0 = {outs[0].detach(), qs[0].grad(), ks[0].grad(), vs[0].grad()};
   }
+  // The reference check is the harness's, not the experiment's: it runs without the cap.
+  if (memory_limit_bytes > 0) set_memory_limit(device, 0);
   if (spec.check) check_against_reference(spec, variant.impl, inputs[0], layer0, mask, scale, result.metrics);
   return result;
 }
@@ -207,7 +213,8 @@ TrialResult trial_result_from_json(const nlohmann::json& json) {
   return result;
 }
 
-TrialResult run_attention_step(const spec::Spec& spec, const std::string& variant_name, const std::string& device_name) {
+TrialResult run_attention_step(const spec::Spec& spec, const std::string& variant_name, const std::string& device_name,
+                               int64_t memory_limit_bytes) {
   const auto found = std::find_if(spec.variants.begin(), spec.variants.end(),
                                   [&](const spec::Variant& v) { return v.name == variant_name; });
   if (found == spec.variants.end()) throw std::invalid_argument("unknown variant '" + variant_name + "'");
@@ -215,7 +222,7 @@ TrialResult run_attention_step(const spec::Spec& spec, const std::string& varian
   kernels::DispatchTrace trace;
   TrialResult result;
   try {
-    result = run_step(spec, *found, device, trace);
+    result = run_step(spec, *found, device, memory_limit_bytes, trace);
   } catch (const c10::OutOfMemoryError& error) {
     result = {};
     result.status = "oom";

@@ -38,6 +38,9 @@ TrialResult trial_result_from_json(const nlohmann::json& json);
 //! Runs the variant on `device` ("cpu", "cuda:N"). Expected outcomes (OOM, unsupported
 //! configuration) come back as a status; other failures as status "error". Injected faults
 //! (tests only) crash, abort, throw or hang as asked.
-TrialResult run_attention_step(const spec::Spec& spec, const std::string& variant, const std::string& device);
+//! `memory_limit_bytes` > 0 caps the device's memory for the step (not for the reference check
+//! that follows it), so that a large GPU behaves like the smaller one a failure happened on.
+TrialResult run_attention_step(const spec::Spec& spec, const std::string& variant, const std::string& device,
+                               int64_t memory_limit_bytes = 0);
 
 }  // namespace harness::kinds

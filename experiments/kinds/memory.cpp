@@ -3,9 +3,12 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <regex>
@@ -20,6 +23,11 @@ class TrackingCpuAllocator final : public c10::Allocator {
   explicit TrackingCpuAllocator(c10::Allocator* base) : base_(base) {}
 
   c10::DataPtr allocate(size_t bytes) override {
+    const int64_t limit = limit_.load();
+    const int64_t in_use = current_.load();
+    TORCH_CHECK_WITH(OutOfMemoryError, limit <= 0 || in_use + static_cast<int64_t>(bytes) <= limit,
+                     "CPU out of memory under --memory-limit ", limit, " bytes: tried to allocate ", bytes,
+                     " bytes with ", in_use, " bytes in use");
     c10::DataPtr inner = base_->allocate(bytes);
     void* data = inner.get();
     const c10::Device device = inner.device();
@@ -34,6 +42,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
   int64_t current() const { return current_.load(); }
   int64_t peak() const { return peak_.load(); }
   void reset_peak() { peak_.store(current_.load()); }
+  void set_limit(int64_t bytes) { limit_.store(bytes); }
 
  private:
   struct Allocation {
@@ -56,6 +65,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
   c10::Allocator* base_;
   std::atomic<int64_t> current_{0};
   std::atomic<int64_t> peak_{0};
+  std::atomic<int64_t> limit_{0};
 };
 
 TrackingCpuAllocator* g_cpu_tracker = nullptr;
@@ -76,6 +86,19 @@ void install_cpu_tracking_allocator() {
     g_cpu_tracker = new TrackingCpuAllocator(c10::GetCPUAllocator());
     c10::SetCPUAllocator(g_cpu_tracker, /*priority=*/100);
   });
+}
+
+void set_memory_limit(const at::Device& device, int64_t bytes) {
+  if (device.is_cuda()) {
+    size_t free_bytes = 0, total_bytes = 0;
+    c10::cuda::CUDAGuard guard(device.index());
+    check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    const double fraction = bytes > 0 ? std::min(1.0, static_cast<double>(bytes) / static_cast<double>(total_bytes)) : 1.0;
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
+    return;
+  }
+  install_cpu_tracking_allocator();
+  g_cpu_tracker->set_limit(bytes);
 }
 
 MemoryMeter::MemoryMeter(const at::Device& device) : device_(device) {

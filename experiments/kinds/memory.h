@@ -16,6 +16,11 @@ namespace harness::kinds {
 //! Allocations that bypass c10's CPU allocator (oneDNN scratch, BLAS workspaces) are not seen.
 void install_cpu_tracking_allocator();
 
+//! Makes the device's allocator behave like a smaller device: allocations beyond `bytes` fail
+//! with an out-of-memory error (CUDA: the caching allocator's per-process memory fraction; CPU:
+//! the tracking allocator refuses them). 0 lifts the limit.
+void set_memory_limit(const at::Device& device, int64_t bytes);
+
 //! Allocated bytes on one device: current and peak since the last reset.
 class MemoryMeter {
  public:
