@@ -92,6 +92,9 @@ void set_memory_limit(const at::Device& device, int64_t bytes) {
   if (device.is_cuda()) {
     size_t free_bytes = 0, total_bytes = 0;
     c10::cuda::CUDAGuard guard(device.index());
+    // The caching allocator refuses a memory fraction for a device it has not initialized yet
+    // ("Allocator not initialized for device"); a first small allocation initializes it.
+    at::empty({1}, at::TensorOptions().dtype(at::kByte).device(device));
     check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
     const double fraction = bytes > 0 ? std::min(1.0, static_cast<double>(bytes) / static_cast<double>(total_bytes)) : 1.0;
     c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
