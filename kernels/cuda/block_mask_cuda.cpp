@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernels/cuda/attention_params.h"
+#include "kernels/cuda/boundary.h"
 #include "kernels/cuda/block_mask_build.h"
 
 namespace harness::kernels {
@@ -21,22 +22,10 @@ namespace {
 
 namespace kc = harness::kernels::cuda;
 
-kc::MaskCode mask_code(MaskKind kind) {
-  switch (kind) {
-    case MaskKind::dflash: return kc::MaskCode::dflash;
-    case MaskKind::causal: return kc::MaskCode::causal;
-    case MaskKind::document_causal: return kc::MaskCode::document_causal;
-    case MaskKind::sliding_window: return kc::MaskCode::sliding_window;
-    case MaskKind::full: return kc::MaskCode::full;
-  }
-  throw std::logic_error("build_block_mask_cuda: unknown mask kind");
-}
-
-int32_t to_int32(int64_t value, const char* what) {
-  TORCH_CHECK(value >= 0 && value <= std::numeric_limits<int32_t>::max(), "build_block_mask_cuda: ", what, " = ", value,
-              " does not fit the kernels' 32-bit indices");
-  return static_cast<int32_t>(value);
-}
+// Bound to this file's name for error messages; the helpers live in kernels/cuda/boundary.h.
+constexpr const char* kWho = "build_block_mask_cuda";
+using kc::mask_code;
+int32_t to_int32(int64_t value, const char* what) { return kc::to_int32(value, kWho, what); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

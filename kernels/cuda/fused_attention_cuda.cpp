@@ -15,6 +15,7 @@
 #include <string>
 
 #include "kernels/cuda/attention_params.h"
+#include "kernels/cuda/boundary.h"
 
 namespace harness::kernels {
 
@@ -34,22 +35,10 @@ struct FusedCudaState : torch::CustomClassHolder {
   DispatchTrace* trace = nullptr;
 };
 
-kc::MaskCode mask_code(MaskKind kind) {
-  switch (kind) {
-    case MaskKind::dflash: return kc::MaskCode::dflash;
-    case MaskKind::causal: return kc::MaskCode::causal;
-    case MaskKind::document_causal: return kc::MaskCode::document_causal;
-    case MaskKind::sliding_window: return kc::MaskCode::sliding_window;
-    case MaskKind::full: return kc::MaskCode::full;
-  }
-  throw std::logic_error("fused_cuda attention: unknown mask kind");
-}
-
-int32_t to_int32(int64_t value, const char* what) {
-  TORCH_CHECK(value >= 0 && value <= std::numeric_limits<int32_t>::max(), "fused_cuda attention: ", what, " = ", value,
-              " does not fit the kernels' 32-bit indices");
-  return static_cast<int32_t>(value);
-}
+// Bound to this file's name for error messages; the helpers live in kernels/cuda/boundary.h.
+constexpr const char* kWho = "fused_cuda attention";
+using kc::mask_code;
+int32_t to_int32(int64_t value, const char* what) { return kc::to_int32(value, kWho, what); }
 
 //! The kernels read rows with 16-byte loads: last dim contiguous, other strides and the base
 //! 16-byte aligned. Anything else is copied to a contiguous tensor once, here.
