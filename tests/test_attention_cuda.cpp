@@ -16,6 +16,7 @@
 #include "kernels/attention.h"
 #include "kernels/mask_desc.h"
 #include "tests/catch.h"
+#include "tests/gpu.h"
 
 #ifdef HARNESS_WITH_CUDA_KERNELS
 #include "kernels/cuda/fused_attention_cuda.h"
@@ -27,11 +28,7 @@ using namespace harness::kernels;
 
 namespace {
 
-bool have_gpu() {
-  if (torch::cuda::is_available()) return true;
-  WARN("no CUDA device: [cuda] test skipped");
-  return false;
-}
+using harness::test::have_gpu;
 
 struct Grads {
   at::Tensor out, dq, dk, dv;

@@ -10,15 +10,13 @@
 
 #include "kernels/block_mask.h"
 #include "tests/catch.h"
+#include "tests/mask_cases.h"
 
 using namespace harness::kernels;
 
 namespace {
 
-struct NamedMask {
-  std::string name;
-  ResolvedMask mask;
-};
+using harness::test::NamedMask;
 
 // Every mask kind at context 1000 with `anchors` draft blocks of 16 (3 anchors: Q 48, KV 1048),
 // unequal documents.
@@ -27,29 +25,7 @@ std::vector<NamedMask> awkward_masks(int64_t anchors) {
   geometry.anchors = anchors;
   geometry.block_size = 16;
   geometry.context = 1000;
-  std::vector<NamedMask> masks;
-  const auto add = [&](const std::string& name, MaskDesc desc) { masks.push_back({name, resolve_mask(desc, geometry)}); };
-  MaskDesc dflash;
-  dflash.kind = MaskKind::dflash;
-  dflash.doc_lengths = {100, 650, 250};
-  dflash.seed = 11;
-  add("dflash before_anchor bidirectional", dflash);
-  dflash.context_rule = ContextRule::through_anchor;
-  dflash.in_block = InBlock::causal;
-  add("dflash through_anchor causal", dflash);
-  MaskDesc other;
-  other.kind = MaskKind::causal;
-  add("causal", other);
-  other.kind = MaskKind::document_causal;
-  other.doc_lengths = {100, 650, 250 + geometry.q_len()};
-  add("document_causal", other);
-  other.doc_lengths.clear();
-  other.kind = MaskKind::sliding_window;
-  other.window = 100;
-  add("sliding_window", other);
-  other.kind = MaskKind::full;
-  add("full", other);
-  return masks;
+  return harness::test::every_mask_kind(geometry, {100, 650, 250});
 }
 
 std::vector<int32_t> row_of(const at::Tensor& num_blocks, const at::Tensor& indices, int64_t row) {

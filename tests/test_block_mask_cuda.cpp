@@ -16,6 +16,8 @@
 #include "kernels/block_mask.h"
 #include "kernels/mask_desc.h"
 #include "tests/catch.h"
+#include "tests/gpu.h"
+#include "tests/mask_cases.h"
 
 #ifdef HARNESS_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
@@ -29,47 +31,8 @@ using namespace harness::kernels;
 
 namespace {
 
-bool have_gpu() {
-  if (torch::cuda::is_available()) return true;
-  WARN("no CUDA device: [cuda] test skipped");
-  return false;
-}
-
-struct NamedMask {
-  std::string name;
-  ResolvedMask mask;
-};
-
-// Every mask kind (both dflash rules) for a geometry; dflash and document_causal with the given
-// document lengths of the context (document_causal's last document also takes the queries).
-std::vector<NamedMask> every_kind(const AttentionGeometry& geometry, const std::vector<int64_t>& doc_lengths) {
-  std::vector<NamedMask> masks;
-  const auto add = [&](const std::string& name, const MaskDesc& desc) {
-    masks.push_back({name, resolve_mask(desc, geometry)});
-  };
-  MaskDesc dflash;
-  dflash.kind = MaskKind::dflash;
-  dflash.doc_lengths = doc_lengths;
-  dflash.seed = 11;
-  add("dflash before_anchor bidirectional", dflash);
-  dflash.context_rule = ContextRule::through_anchor;
-  dflash.in_block = InBlock::causal;
-  add("dflash through_anchor causal", dflash);
-  MaskDesc other;
-  other.kind = MaskKind::causal;
-  add("causal", other);
-  other.kind = MaskKind::document_causal;
-  other.doc_lengths = doc_lengths;
-  other.doc_lengths.back() += geometry.q_len();
-  add("document_causal", other);
-  other.doc_lengths.clear();
-  other.kind = MaskKind::sliding_window;
-  other.window = 100;
-  add("sliding_window", other);
-  other.kind = MaskKind::full;
-  add("full", other);
-  return masks;
-}
+using harness::test::have_gpu;
+using harness::test::NamedMask;
 
 // Every field and tensor of the GPU BlockMask equals the CPU one (same dtype, shape and values).
 void check_equal(const BlockMask& gpu, const BlockMask& cpu) {
@@ -127,7 +90,7 @@ TEST_CASE("GPU BlockMask equals the CPU one on awkward sizes", "[cuda][block_mas
   if (!have_gpu()) return;
   const at::Device device(at::kCUDA, 0);
   // Context 1000, 3 draft blocks of 16: Q 48, KV 1048, neither a multiple of 128, 64 or 32.
-  const auto masks = every_kind(geometry(3, 1000), {100, 650, 250});
+  const auto masks = harness::test::every_mask_kind(geometry(3, 1000), {100, 650, 250});
   const std::vector<std::pair<int64_t, int64_t>> block_sizes = {{128, 128}, {64, 64}, {16, 16}, {32, 128}, {128, 48}};
   for (const auto& named : masks) {
     for (const auto& [block_m, block_n] : block_sizes) check_mask(named, block_m, block_n, device);
@@ -138,7 +101,7 @@ TEST_CASE("GPU BlockMask equals the CPU one at the real dims", "[cuda][block_mas
   if (!have_gpu()) return;
   const at::Device device(at::kCUDA, 0);
   // 128 draft blocks of 16 after a context of 8192: Q 2048, KV 10240; four equal documents.
-  const auto masks = every_kind(geometry(128, 8192), {2048, 2048, 2048, 2048});
+  const auto masks = harness::test::every_mask_kind(geometry(128, 8192), {2048, 2048, 2048, 2048});
   for (const auto& named : masks) {
     check_mask(named, 128, 128, device);
     check_mask(named, 64, 128, device);
