@@ -117,6 +117,8 @@ Verdict evaluate_verdict(const Spec& spec, const std::map<std::string, VariantOu
 
 //! Parses sizes and durations with units: "5GiB", "512MiB", "3e9", "2.5ms", "1s" (bytes, ms).
 std::optional<double> parse_quantity(const std::string& text);
+//! A size in bytes ("96GiB", "512MiB", "3e9"); nullopt for anything else, durations included.
+std::optional<double> parse_byte_size(const std::string& text);
 
 //! The metrics a verdict condition may read ("status" is compared with a word such as ok).
 const std::vector<std::string>& verdict_metrics();

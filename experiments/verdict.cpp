@@ -318,6 +318,12 @@ std::optional<double> parse_quantity(const std::string& text) {
   return quantity->value;
 }
 
+std::optional<double> parse_byte_size(const std::string& text) {
+  const auto quantity = parse_quantity_with_dimension(text);
+  if (!quantity || quantity->dimension == Dimension::time) return std::nullopt;
+  return quantity->value;
+}
+
 const std::vector<std::string>& verdict_metrics() {
   static const std::vector<std::string> metrics = {
       "fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms",         "bwd_ms",      "match", "out_max_abs_err",

@@ -145,8 +145,8 @@ int run_experiment(const RunArgs& args, const GlobalOptions& options) {
   check_device_syntax(args.device);
   int64_t memory_limit_bytes = 0;
   if (!args.memory_limit.empty()) {
-    const auto bytes = spec::parse_quantity(args.memory_limit);
-    if (!bytes || *bytes < 1 || args.memory_limit.find_first_of("msu") != std::string::npos)
+    const auto bytes = spec::parse_byte_size(args.memory_limit);
+    if (!bytes || *bytes < 1)
       throw UsageError(fmt::format("--memory-limit '{}': expected a size such as 96GiB, 512MiB or a byte count",
                                    args.memory_limit));
     memory_limit_bytes = static_cast<int64_t>(*bytes);

@@ -513,3 +513,13 @@ TEST_CASE("a missing spec file is a SpecError naming it", "[spec]") {
   CHECK(issues[0].source == "/nonexistent/spec.json");
   CHECK(issues[0].message.find("cannot open") != std::string::npos);
 }
+
+TEST_CASE("parse_byte_size accepts sizes and refuses durations", "[spec]") {
+  REQUIRE(harness::spec::parse_byte_size("96GiB").has_value());
+  CHECK(*harness::spec::parse_byte_size("96GiB") == 96.0 * 1024 * 1024 * 1024);
+  CHECK(*harness::spec::parse_byte_size("512MiB") == 512.0 * 1024 * 1024);
+  CHECK(*harness::spec::parse_byte_size("3e9") == 3e9);
+  CHECK_FALSE(harness::spec::parse_byte_size("5ms").has_value());
+  CHECK_FALSE(harness::spec::parse_byte_size("2s").has_value());
+  CHECK_FALSE(harness::spec::parse_byte_size("lots").has_value());
+}
