@@ -21,7 +21,7 @@ struct Migration {
 
 // JSON columns are TEXT holding canonical_json(); timestamps are ISO 8601 UTC text, which
 // sorts chronologically.
-constexpr std::array<Migration, 2> kMigrations = {{
+constexpr std::array<Migration, 3> kMigrations = {{
     {1, "initial layout", R"sql(
 CREATE TABLE envs (
   id         TEXT PRIMARY KEY,  -- sha256 of the canonical env JSON
@@ -93,6 +93,9 @@ CREATE INDEX trials_by_run ON trials(run_id);
 CREATE INDEX metrics_by_run ON metrics(run_id);
 CREATE INDEX metrics_by_trial ON metrics(trial_id);
 CREATE INDEX artifacts_by_run ON artifacts(run_id);
+)sql"},
+    {3, "trial details (kind-specific evidence)", R"sql(
+ALTER TABLE trials ADD COLUMN details TEXT NOT NULL DEFAULT '{}';
 )sql"},
 }};
 

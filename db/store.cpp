@@ -241,8 +241,8 @@ int64_t Store::add_trial(Trial& trial, const std::vector<Metric>& metrics) {
   Transaction transaction(db_, path_, Transaction::Mode::kWrite, "add trial" + of_run);
   Statement insert(db_, path_,
                    "INSERT INTO trials (run_id, variant, point, status, exit_code, signal, error, stderr_tail, "
-                   "requested_bytes, dispatch, duration_s, started_at) "
-                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                   "requested_bytes, dispatch, duration_s, started_at, details) "
+                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                    "insert trial" + of_run);
   insert.bind_int(1, trial.run_id)
       .bind_text(2, trial.variant)
@@ -255,7 +255,8 @@ int64_t Store::add_trial(Trial& trial, const std::vector<Metric>& metrics) {
       .bind_optional_int(9, trial.requested_bytes)
       .bind_text(10, canonical_json(trial.dispatch))
       .bind_real(11, trial.duration_s)
-      .bind_text(12, trial.started_at);
+      .bind_text(12, trial.started_at)
+      .bind_text(13, canonical_json(trial.details));
   insert.run();
   const int64_t trial_id = sqlite3_last_insert_rowid(db_);
   insert_metrics(db_, path_, trial.run_id, trial_id, metrics);
@@ -348,7 +349,7 @@ std::optional<RunDetail> Store::get_run(int64_t run_id) const {
 
   Statement trials(db_, path_,
                    "SELECT id, run_id, variant, point, status, exit_code, signal, error, stderr_tail, "
-                   "requested_bytes, dispatch, duration_s, started_at FROM trials WHERE run_id = ?1 ORDER BY id",
+                   "requested_bytes, dispatch, duration_s, started_at, details FROM trials WHERE run_id = ?1 ORDER BY id",
                    operation + " trials");
   trials.bind_int(1, run_id);
   while (trials.step()) {
@@ -367,6 +368,7 @@ std::optional<RunDetail> Store::get_run(int64_t run_id) const {
     trial.dispatch = json_column(trials, 10, path_, what + " dispatch");
     trial.duration_s = trials.column_real(11);
     trial.started_at = trials.column_text(12);
+    trial.details = json_column(trials, 13, path_, what + " details");
     detail.trials.push_back(std::move(trial));
   }
 
@@ -425,6 +427,41 @@ std::vector<ExperimentRow> Store::list_experiments() const {
     rows.push_back(std::move(row));
   }
   return rows;
+}
+
+std::vector<std::string> Store::list_env_ids() const {
+  Statement select(db_, path_, "SELECT id FROM envs ORDER BY created_at, id", "list envs");
+  std::vector<std::string> ids;
+  while (select.step()) ids.push_back(select.column_text(0));
+  return ids;
+}
+
+std::optional<Run> Store::latest_run(const std::string& experiment, const std::optional<std::string>& env_id) const {
+  // "Finished" excludes runs still running (or abandoned while running): their rows are partial.
+  const std::string sql = std::string("SELECT ") + kRunColumns +
+                          " FROM runs r JOIN experiments e ON e.id = r.experiment_id"
+                          " WHERE e.name = ?1 AND (?2 IS NULL OR r.env_id = ?2) AND r.status <> 'running'"
+                          " AND r.replay_of IS NULL ORDER BY r.id DESC LIMIT 1";
+  Statement select(db_, path_, sql.c_str(), "latest run of " + experiment);
+  select.bind_text(1, experiment);
+  if (env_id) {
+    select.bind_text(2, *env_id);
+  } else {
+    select.bind_null(2);
+  }
+  if (!select.step()) return std::nullopt;
+  return read_run(select, path_);
+}
+
+std::vector<Run> Store::list_replays(int64_t run_id) const {
+  const std::string sql = std::string("SELECT ") + kRunColumns +
+                          " FROM runs r JOIN experiments e ON e.id = r.experiment_id WHERE r.replay_of = ?1"
+                          " ORDER BY r.id";
+  Statement select(db_, path_, sql.c_str(), "list replays of run " + std::to_string(run_id));
+  select.bind_int(1, run_id);
+  std::vector<Run> runs;
+  while (select.step()) runs.push_back(read_run(select, path_));
+  return runs;
 }
 
 }  // namespace harness::db

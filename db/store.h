@@ -47,6 +47,7 @@ struct Trial {
   std::string stderr_tail;   //!< last lines the child wrote to stderr
   std::optional<int64_t> requested_bytes;  //!< OOM: bytes the failing allocation asked for
   nlohmann::json dispatch = nlohmann::json::array();  //!< dispatch records
+  nlohmann::json details = nlohmann::json::object();  //!< kind-specific evidence (failure counts, script output)
   double duration_s = 0.0;
   std::string started_at;    //!< ISO 8601 UTC
 };
@@ -140,6 +141,12 @@ class Store {
   std::optional<RunDetail> get_run(int64_t run_id) const;
   std::optional<nlohmann::json> get_env(const std::string& env_id) const;
   std::vector<ExperimentRow> list_experiments() const;
+  //! Ids of every stored env, oldest first (for resolving an id prefix).
+  std::vector<std::string> list_env_ids() const;
+  //! The newest finished run of `experiment` (under `env_id` when given) that is not a replay.
+  std::optional<Run> latest_run(const std::string& experiment, const std::optional<std::string>& env_id) const;
+  //! Runs that replay `run_id` (replay_of = run_id), oldest first.
+  std::vector<Run> list_replays(int64_t run_id) const;
 
  private:
   std::string path_;

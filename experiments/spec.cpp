@@ -5,6 +5,10 @@
 
 #include "experiments/spec.h"
 
+#include "experiments/kinds/python_kind_info.h"
+#include "experiments/kinds/registry.h"
+#include "experiments/sweep.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -27,7 +31,7 @@ struct SchemaNode;
 using SchemaPtr = std::shared_ptr<const SchemaNode>;
 
 struct SchemaNode {
-  enum class Kind { value, object, map, array };
+  enum class Kind { value, object, map, array, any };  // any: free-form below (a kind's params)
   Kind kind = Kind::value;
   std::vector<std::pair<std::string, SchemaPtr>> fields;  //!< object: its fields, in documented order
   SchemaPtr element;                                      //!< map: each value; array: each element
@@ -85,6 +89,8 @@ const Schema& schema() {
                              {"seed", v()}});
     auto variant = object_node({{"impl", v()}, {"fault", v()}});
     auto clause = object_node({{"if", v()}, {"then", v()}, {"else", v()}});
+    auto any = std::make_shared<SchemaNode>();
+    any->kind = SchemaNode::Kind::any;
     std::vector<std::pair<std::string, SchemaPtr>> fields = {
         {"name", v()},
         {"hypothesis", v()},
@@ -101,6 +107,10 @@ const Schema& schema() {
         {"seed", v()},
         {"check", object_node({{"enabled", v()}, {"factor", v()}, {"atol", v()}})},
         {"verdict", container_node(SchemaNode::Kind::array, clause)},
+        {"params", any},
+        {"sweep", container_node(SchemaNode::Kind::map, container_node(SchemaNode::Kind::array, v()))},
+        {"sweep_order", container_node(SchemaNode::Kind::array, v())},
+        {"scaling", object_node({{"metric", v()}, {"models", container_node(SchemaNode::Kind::array, v())}})},
     };
     Schema schema;
     schema.profile = object_node(fields);
@@ -115,16 +125,10 @@ const Schema& schema() {
 // ------------------------------------------------------------------------------------------------
 // Known values.
 
-const std::vector<std::string> kKinds = {"attention_step"};
-const std::vector<std::string> kImpls = {"fused", "dense"};
-const std::vector<std::string> kFaults = {"segfault", "abort", "throw", "hang", "oom"};
+const std::vector<std::string> kFaults = {"segfault", "abort", "throw", "hang", "oom", "nan"};
+const std::vector<std::string> kScalingModels = {"q_kv", "q_plus_kv", "layers_q_kv", "layers_q_plus_kv"};
 const std::vector<std::string> kDtypes = {"bf16", "fp16", "fp32"};
 const std::vector<int64_t> kHeadDims = {64, 128};
-const std::vector<std::string> kMeasures = {"fwd_peak_bytes", "bwd_peak_bytes",  "fwd_ms",         "bwd_ms",
-                                            "max_abs_err",    "out_max_abs_err", "dq_max_abs_err", "dk_max_abs_err",
-                                            "dv_max_abs_err", "dispatch"};
-const std::vector<std::string> kDefaultMeasures = {"fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms",
-                                                   "bwd_ms",         "max_abs_err",    "dispatch"};
 // Outcomes that are not rule results; a rule may not produce them itself.
 const std::vector<std::string> kReservedVerdicts = {"INVALID", "INCONCLUSIVE"};
 constexpr std::array<kernels::MaskKind, 5> kMaskKinds = {kernels::MaskKind::dflash, kernels::MaskKind::causal,
@@ -328,6 +332,7 @@ class Checker {
 void check_known_fields(const OrderedJson& value, const SchemaNode& node, const std::string& path, Checker& checker) {
   switch (node.kind) {
     case SchemaNode::Kind::value:
+    case SchemaNode::Kind::any:
       return;
     case SchemaNode::Kind::object:
       if (!value.is_object()) return;
@@ -489,7 +494,7 @@ void check_mask(const OrderedJson& doc, Checker& c, Spec& spec, bool dims_ok) {
   }
 }
 
-void check_variants(const OrderedJson& doc, Checker& c, Spec& spec, bool allow_faults) {
+void check_variants(const OrderedJson& doc, Checker& c, Spec& spec, bool allow_faults, const kinds::KindInfo* kind) {
   const OrderedJson* variants = c.object(doc, "", "variants", true);
   if (!variants) return;
   if (variants->empty()) {
@@ -509,11 +514,17 @@ void check_variants(const OrderedJson& doc, Checker& c, Spec& spec, bool allow_f
     }
     Variant variant;
     variant.name = name;
-    variant.impl = c.choice(body, p, "impl", true, "impl", join(kImpls), [](const std::string& s) {
-                      return contains(kImpls, s);
-                    }).value_or("");
+    if (const auto impl = c.string(body, p, "impl", true); impl && kind) {
+      if (contains(kind->impls, *impl)) {
+        variant.impl = *impl;
+      } else {
+        c.issue(child(p, "impl"), "unknown impl \"" + *impl + "\" for kind " + kind->name + "; known: " + join(kind->impls));
+      }
+    }
     if (const OrderedJson* fault = c.member(body, p, "fault", false)) {
-      if (!allow_faults) {
+      if (kind && !kind->attention) {
+        c.issue(child(p, "fault"), "fault injection exists only for attention_step specs");
+      } else if (!allow_faults) {
         c.issue(child(p, "fault"), "fault injection is for tests only and is rejected unless the loader allows faults");
       } else if (!fault->is_string() || !contains(kFaults, fault->get<std::string>())) {
         c.issue(child(p, "fault"), "unknown fault " + describe(*fault) + "; known: " + join(kFaults));
@@ -548,10 +559,11 @@ void check_variants(const OrderedJson& doc, Checker& c, Spec& spec, bool allow_f
   }
 }
 
-void check_measure(const OrderedJson& doc, Checker& c, Spec& spec) {
+void check_measure(const OrderedJson& doc, Checker& c, Spec& spec, const kinds::KindInfo& kind) {
+  const std::vector<std::string>& kMeasures = kind.measures;
   const OrderedJson* measure = c.member(doc, "", "measure", false);
   if (!measure) {
-    spec.measure = kDefaultMeasures;
+    spec.measure = kind.default_measures;
     return;
   }
   if (!measure->is_array()) {
@@ -583,6 +595,11 @@ void check_verdict(const OrderedJson& doc, Checker& c, Spec& spec, bool variants
   }
   std::vector<std::string> variant_names;
   for (const Variant& v : spec.variants) variant_names.push_back(v.name);
+  ConditionVocabulary vocabulary = vocabulary_for(spec.kind, spec.scaling);
+  // A python spec's metrics are its script's: params.metrics declares which the rule may read.
+  if (spec.kind == "python") {
+    for (const std::string& name : kinds::python_verdict_metrics(spec.params)) vocabulary.numbers.push_back(name);
+  }
   for (size_t i = 0; i < verdict->size(); ++i) {
     const OrderedJson& clause = (*verdict)[i];
     const std::string p = "verdict." + std::to_string(i);
@@ -605,14 +622,15 @@ void check_verdict(const OrderedJson& doc, Checker& c, Spec& spec, bool variants
       if (condition) {
         parsed.condition = *condition;
         // Unknown variants are only worth naming once the variants themselves are valid.
-        const auto problems =
-            check_verdict_condition(*condition, variants_ok ? variant_names : std::vector<std::string>{});
+        const auto problems = check_verdict_condition(
+            *condition, variants_ok ? variant_names : std::vector<std::string>{}, vocabulary);
         for (const std::string& problem : problems) {
           if (variants_ok || problem.find("unknown variant") == std::string::npos) c.issue(child(p, "if"), problem);
         }
         if (problems.empty()) {
           for (const auto& [variant, metric] : verdict_condition_reads(*condition)) {
-            const bool measured_metric = metric.ends_with("_bytes") || metric.ends_with("_ms");
+            const bool measured_metric = (metric.ends_with("_bytes") || metric.ends_with("_ms")) &&
+                                         kinds::find_kind(spec.kind) && kinds::find_kind(spec.kind)->attention;
             if (measured_metric && !contains(spec.measure, metric)) {
               c.issue(child(p, "if"), "reads " + variant + "." + metric + " but \"measure\" does not list " + metric,
                       {"measure"});
@@ -654,8 +672,8 @@ void check_profiles(const OrderedJson& doc, const std::string& skip, Checker& ch
   }
 }
 
-Spec validate(const OrderedJson& doc, const std::string& source, std::vector<Origin> origins, bool allow_faults,
-              std::vector<SpecIssue> earlier_issues) {
+Spec validate_point(const OrderedJson& doc, const std::string& source, std::vector<Origin> origins, bool allow_faults,
+                    std::vector<SpecIssue> earlier_issues) {
   Checker c(source, std::move(origins), std::move(earlier_issues));
   Spec spec;
   spec.source = source;
@@ -677,12 +695,64 @@ Spec validate(const OrderedJson& doc, const std::string& source, std::vector<Ori
     }
   }
   spec.hypothesis = c.string(doc, "", "hypothesis", true).value_or("");
-  spec.kind = c.choice(doc, "", "kind", true, "kind", join(kKinds), [](const std::string& s) {
-                 return contains(kKinds, s);
-               }).value_or("");
-  const bool dims_ok = check_dims(doc, c, spec);
-  check_mask(doc, c, spec, dims_ok);
-  if (const OrderedJson* block_mask = c.object(doc, "", "block_mask", false)) {
+  const kinds::KindInfo* kind = nullptr;
+  if (const auto name = c.string(doc, "", "kind", true)) {
+    kind = kinds::find_kind(*name);
+    if (kind) {
+      spec.kind = *name;
+    } else {
+      std::vector<std::string> known;
+      for (const kinds::KindInfo& info : kinds::all_kinds()) known.push_back(info.name);
+      c.issue("kind", "unknown kind \"" + *name + "\"; known: " + join(known));
+    }
+  }
+  // Without a kind the spec is read as attention_step's (the default kind), so that its missing
+  // fields are reported together.
+  const bool attention = (kind && kind->attention) || !doc.contains("kind");
+  if (attention) {
+    const bool dims_ok = check_dims(doc, c, spec);
+    check_mask(doc, c, spec, dims_ok);
+  } else if (kind) {
+    for (const std::string field : {"dims", "mask", "block_mask", "check"}) {
+      if (doc.contains(field)) c.issue(field, "kind " + kind->name + " has no " + field + " (only attention_step has)");
+    }
+  }
+  if (const OrderedJson* params = c.member(doc, "", "params", false)) {
+    if (!params->is_object()) {
+      c.issue("params", "expected an object of the kind's parameters, got " + describe(*params));
+    } else {
+      spec.params = nlohmann::json::parse(params->dump());
+    }
+  }
+  if (kind && spec.params.is_object()) {
+    kinds::ParamIssues problems;
+    kind->check_params(spec.params, problems);
+    for (auto& [path, message] : problems) c.issue(path, std::move(message));
+  }
+  if (const OrderedJson* scaling = c.object(doc, "", "scaling", false)) {
+    Scaling parsed;
+    if (!attention) c.issue("scaling", "scaling fits are defined for attention_step specs only");
+    if (const auto metric = c.string(*scaling, "scaling", "metric", true)) {
+      parsed.metric = *metric;
+      if (kind && (!contains(kind->measures, *metric) || !(metric->ends_with("_bytes") || metric->ends_with("_ms"))))
+        c.issue("scaling.metric", "expected a measured size or duration (e.g. bwd_peak_bytes), got \"" + *metric + "\"");
+    }
+    const OrderedJson* models = c.member(*scaling, "scaling", "models", true);
+    if (models && (!models->is_array() || models->empty())) {
+      c.issue("scaling.models", "expected a non-empty array of models (" + join(kScalingModels) + "), got " + describe(*models));
+    } else if (models) {
+      for (size_t i = 0; i < models->size(); ++i) {
+        const OrderedJson& model = (*models)[i];
+        if (!model.is_string() || !contains(kScalingModels, model.get<std::string>())) {
+          c.issue("scaling.models." + std::to_string(i), "unknown model " + describe(model) + "; known: " + join(kScalingModels));
+        } else {
+          parsed.models.push_back(model.get<std::string>());
+        }
+      }
+    }
+    spec.scaling = std::move(parsed);
+  }
+  if (const OrderedJson* block_mask = attention ? c.object(doc, "", "block_mask", false) : nullptr) {
     spec.mask_block = c.integer(*block_mask, "block_mask", "block_size", false, 16,
                                 "a positive multiple of 16 (the kernels' tile granularity)", kMaxSize)
                           .value_or(128);
@@ -692,14 +762,14 @@ Spec validate(const OrderedJson& doc, const std::string& source, std::vector<Ori
     }
   }
   const size_t before_variants = c.count();
-  check_variants(doc, c, spec, allow_faults);
+  check_variants(doc, c, spec, allow_faults, kind);
   const bool variants_ok = c.count() == before_variants;
-  check_measure(doc, c, spec);
+  if (kind) check_measure(doc, c, spec, *kind);
   spec.repeats = static_cast<int>(c.integer(doc, "", "repeats", false, 1, "a positive integer", 1000000).value_or(3));
   spec.warmup = static_cast<int>(c.integer(doc, "", "warmup", false, 0, "a non-negative integer", 1000000).value_or(1));
   spec.timeout_s = c.number(doc, "", "timeout_s", 0.0, false, "a positive number of seconds").value_or(600.0);
   if (const auto seed = c.seed(doc, "", "seed")) spec.seed = *seed;
-  if (const OrderedJson* check = c.object(doc, "", "check", false)) {
+  if (const OrderedJson* check = attention ? c.object(doc, "", "check", false) : nullptr) {
     spec.check = c.boolean(*check, "check", "enabled").value_or(true);
     spec.tolerance.factor = c.number(*check, "check", "factor", 0.0, false, "a positive number").value_or(2.0);
     spec.tolerance.atol = c.number(*check, "check", "atol", 0.0, true, "a non-negative number").value_or(1e-5);
@@ -720,6 +790,157 @@ Spec validate(const OrderedJson& doc, const std::string& source, std::vector<Ori
   resolved["variant_order"] = OrderedJson::array();
   for (const Variant& v : spec.variants) resolved["variant_order"].push_back(v.name);
   spec.resolved = nlohmann::json::parse(resolved.dump());
+  return spec;
+}
+
+//! Why `path` cannot be swept, or "" when it can: it must name a field of dims, mask, block_mask,
+//! check, params or a top-level number such as repeats, never the experiment's identity, variants
+//! or rule.
+std::string sweep_path_problem(const std::string& path) {
+  static const std::vector<std::string> fixed = {"name",    "hypothesis", "kind",    "profile", "profiles", "variants",
+                                                 "variant_order", "measure", "verdict", "sweep",   "sweep_order",
+                                                 "scaling"};
+  const SchemaNode* node = schema().root.get();
+  std::string walked;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (part.empty()) return "empty component in the path \"" + path + "\"";
+    if (walked.empty() && contains(fixed, part)) return "\"" + part + "\" cannot be swept; sweep fields of dims, mask or params";
+    if (node->kind == SchemaNode::Kind::any) return "";
+    if (node->kind != SchemaNode::Kind::object) return walked + " is not an object of fields; a sweep path names fields";
+    node = node->field(part);
+    if (!node) return "unknown field \"" + part + "\" in the sweep path \"" + path + "\"";
+    walked = child(walked, part);
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  if (node->kind == SchemaNode::Kind::object || node->kind == SchemaNode::Kind::map)
+    return path + " is an object; sweep one of its fields";
+  return "";
+}
+
+//! Whether `path` names an array-valued field (such as mask.doc_lengths), which an array sets
+//! rather than sweeps.
+bool is_array_field(const std::string& path) {
+  const SchemaNode* node = schema().root.get();
+  size_t start = 0;
+  while (node && node->kind == SchemaNode::Kind::object) {
+    const size_t dot = path.find('.', start);
+    node = node->field(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return node && (node->kind == SchemaNode::Kind::array || node->kind == SchemaNode::Kind::any);
+}
+
+//! The whole spec: the sweep's axes checked, then every point validated as its own spec; the
+//! returned spec is the first point's, with the sweep and the unswept resolved JSON.
+Spec validate(const OrderedJson& doc, const std::string& source, std::vector<Origin> origins, bool allow_faults,
+              std::vector<SpecIssue> earlier_issues) {
+  if (!doc.is_object() || !doc.contains("sweep"))
+    return validate_point(doc, source, std::move(origins), allow_faults, std::move(earlier_issues));
+  Checker c(source, origins, std::move(earlier_issues));
+  const OrderedJson& sweep = doc["sweep"];
+  std::vector<SweepAxis> axes;
+  if (!sweep.is_object() || sweep.empty()) {
+    c.issue("sweep", "expected an object of field paths and value lists, e.g. {\"dims.anchors\": [128, 256, 512]}, got " +
+                         describe(sweep));
+  } else {
+    for (const auto& [path, values] : sweep.items()) {
+      const std::string p = "sweep." + path;
+      if (const std::string problem = sweep_path_problem(path); !problem.empty()) {
+        c.issue(p, problem);
+        continue;
+      }
+      if (!values.is_array() || values.empty()) {
+        c.issue(p, "expected a non-empty array of values to sweep, got " + describe(values));
+        continue;
+      }
+      SweepAxis axis{path, {}};
+      for (size_t i = 0; i < values.size(); ++i) {
+        const nlohmann::json value = nlohmann::json::parse(values[i].dump());
+        if (std::find(axis.values.begin(), axis.values.end(), value) != axis.values.end()) {
+          c.issue(p + "." + std::to_string(i), "the value " + describe(values[i]) + " is listed twice");
+        }
+        axis.values.push_back(value);
+      }
+      axes.push_back(std::move(axis));
+    }
+  }
+  // A spec read back from the db has its keys sorted; sweep_order keeps the written axis order.
+  if (const auto order = doc.find("sweep_order"); order != doc.end() && order->is_array() && order->size() == axes.size()) {
+    std::vector<SweepAxis> ordered;
+    for (const auto& path : *order) {
+      const auto found = std::find_if(axes.begin(), axes.end(), [&](const SweepAxis& axis) { return path == axis.path; });
+      if (found == axes.end()) break;
+      ordered.push_back(*found);
+    }
+    if (ordered.size() == axes.size()) axes = std::move(ordered);
+  }
+  if (c.count() > 0) throw SpecError(std::move(c.issues()));
+
+  // Every point is validated; a problem shared by several points is reported once, at the first.
+  const std::vector<nlohmann::json> points = cross_points(axes);
+  std::optional<Spec> first;
+  std::vector<std::pair<std::string, std::string>> seen;
+  for (size_t index = 0; index < points.size(); ++index) {
+    OrderedJson at_point = doc;
+    at_point.erase("sweep");
+    at_point.erase("sweep_order");
+    // set_path's nlohmann::json would sort the fields; the ordered document keeps the written order.
+    for (const auto& [path, value] : points[index].items()) {
+      OrderedJson* target = &at_point;
+      size_t start = 0;
+      while (true) {
+        const size_t dot = path.find('.', start);
+        const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        if (!target->is_object()) *target = OrderedJson::object();
+        target = &(*target)[part];
+        if (dot == std::string::npos) break;
+        start = dot + 1;
+      }
+      *target = OrderedJson::parse(value.dump());
+    }
+    try {
+      Spec spec = validate_point(at_point, source, origins, allow_faults, {});
+      if (!first) first = std::move(spec);
+    } catch (const SpecError& error) {
+      for (SpecIssue issue : error.issues()) {
+        bool on_axis = false;
+        for (const SweepAxis& axis : axes) {
+          if (path_overlaps(issue.path, axis.path)) {
+            on_axis = true;
+            const auto at = std::find(axis.values.begin(), axis.values.end(), points[index].at(axis.path));
+            issue.path = "sweep." + axis.path + "." + std::to_string(at - axis.values.begin());
+            issue.source = source;
+            for (auto origin = origins.rbegin(); origin != origins.rend(); ++origin) {
+              if (path_overlaps(origin->path, "sweep") || origin->path == axis.path) {
+                issue.source = origin->source;
+                break;
+              }
+            }
+          }
+        }
+        const auto key = std::make_pair(issue.path, issue.message);
+        if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+        seen.push_back(key);
+        // A problem of the first point that is not about a swept field is the spec's own.
+        if (points.size() > 1 && (on_axis || index > 0))
+          issue.message = "at " + point_label(points[index]) + ": " + issue.message;
+        c.issues().push_back(std::move(issue));
+      }
+    }
+  }
+  if (c.count() > 0) throw SpecError(std::move(c.issues()));
+  Spec spec = std::move(*first);
+  spec.sweep = std::move(axes);
+  nlohmann::json resolved = spec.resolved;
+  resolved["sweep"] = nlohmann::json::parse(sweep.dump());
+  resolved["sweep_order"] = nlohmann::json::array();
+  for (const SweepAxis& axis : spec.sweep) resolved["sweep_order"].push_back(axis.path);
+  spec.resolved = std::move(resolved);
   return spec;
 }
 
@@ -793,6 +1014,8 @@ void apply_override(OrderedJson& doc, const std::string& argument, const std::st
     }
     containers.push_back(node->kind);
     switch (node->kind) {
+      case SchemaNode::Kind::any:
+        break;
       case SchemaNode::Kind::value:
         issues.push_back({origin, here, walked + " is a value and has no field \"" + part + "\""});
         return;
@@ -947,7 +1170,27 @@ Spec load_spec_text(const std::string& text, const std::string& source, const Lo
     }
   }
   issues = std::move(profile_checker.issues());
-  for (const std::string& argument : options.overrides) apply_override(resolved, argument, source, issues, origins);
+  for (const std::string& argument : options.overrides) {
+    // `--set dims.anchors=[128,256]` sweeps the field; `--set dims.anchors=256` pins a swept one.
+    const auto equals = argument.find('=');
+    const std::string path = equals == std::string::npos ? "" : argument.substr(0, equals);
+    if (!path.empty()) {
+      const OrderedJson value = OrderedJson::parse(argument.substr(equals + 1), nullptr, false);
+      if (!value.is_discarded() && value.is_array() && sweep_path_problem(path).empty() && !is_array_field(path)) {
+        resolved["sweep"][path] = value;
+        resolved.erase("sweep_order");
+        origins.push_back({"sweep." + path, source + " (--set " + argument + ")"});
+        origins.push_back({path, source + " (--set " + argument + ")"});
+        continue;
+      }
+    }
+    apply_override(resolved, argument, source, issues, origins);
+    if (!path.empty() && resolved.contains("sweep") && resolved["sweep"].is_object() && resolved["sweep"].contains(path)) {
+      resolved["sweep"].erase(path);
+      resolved.erase("sweep_order");
+      if (resolved["sweep"].empty()) resolved.erase("sweep");
+    }
+  }
   return validate(resolved, source, std::move(origins), options.allow_faults, std::move(issues));
 }
 

@@ -56,11 +56,26 @@ struct Tolerance {
   double atol = 1e-5;
 };
 
+//! One swept field: its JSON path and the values it takes, in the order written.
+struct SweepAxis {
+  std::string path;                   //!< e.g. "dims.anchors"
+  std::vector<nlohmann::json> values;
+};
+
+//! How a swept metric grows: fit per variant against each model's regressor (least squares
+//! y = a·x + b) and name the model with the best R². Models: q_kv (H·Q·KV: one layer's
+//! materialized scores), q_plus_kv (H·(Q+KV)·d: tensors linear in the lengths), and layers_q_kv,
+//! layers_q_plus_kv (the same kept by every layer of the stack).
+struct Scaling {
+  std::string metric;               //!< e.g. "bwd_peak_bytes"
+  std::vector<std::string> models;  //!< e.g. {"q_kv", "q_plus_kv"}
+};
+
 //! A validated experiment spec.
 struct Spec {
   std::string name;
   std::string hypothesis;
-  std::string kind;                 //!< "attention_step"
+  std::string kind;                 //!< attention_step, autotune_race, cache_corruption, python
   kernels::AttentionGeometry dims;
   std::string dtype = "bf16";       //!< bf16, fp16, fp32
   int64_t layers = 1;
@@ -75,6 +90,9 @@ struct Spec {
   bool check = true;                //!< compare outputs and gradients with the fp32 reference
   Tolerance tolerance;
   std::vector<VerdictClause> verdict;
+  nlohmann::json params = nlohmann::json::object();  //!< the kind's own section (checked by the kind)
+  std::vector<SweepAxis> sweep;     //!< empty: one point
+  std::optional<Scaling> scaling;   //!< only with a sweep
   std::string profile;              //!< applied profile, "" for none
   std::string source;               //!< file it came from
   nlohmann::json resolved;          //!< the JSON after profile and overrides (stored in the db)
@@ -101,6 +119,7 @@ struct VariantOutcome {
   std::string status;                  //!< ok, oom, unsupported, error, crashed, timeout
   std::string error;
   std::map<std::string, double> values;  //!< metric name -> summary value (median over repeats)
+  std::map<std::string, std::string> words;  //!< word-valued metrics, e.g. growth -> "q_kv"
 };
 
 //! The verdict with the evidence that produced it.
@@ -120,12 +139,29 @@ std::optional<double> parse_quantity(const std::string& text);
 //! A size in bytes ("96GiB", "512MiB", "3e9"); nullopt for anything else, durations included.
 std::optional<double> parse_byte_size(const std::string& text);
 
-//! The metrics a verdict condition may read ("status" is compared with a word such as ok).
+//! The metrics a verdict condition of an attention_step spec may read ("status" is compared with
+//! a word such as ok).
 const std::vector<std::string>& verdict_metrics();
+
+//! What a verdict condition may read: numeric metrics, and metrics compared with words (status
+//! and, for scaling specs, growth).
+struct ConditionVocabulary {
+  std::vector<std::string> numbers;
+  std::map<std::string, std::vector<std::string>> words;
+};
+//! The vocabulary of attention_step specs without scaling.
+ConditionVocabulary default_vocabulary();
+//! The vocabulary of a kind's verdict metrics plus, with scaling, growth and the fit values.
+ConditionVocabulary vocabulary_for(const std::string& kind, const std::optional<Scaling>& scaling);
+
 //! Problems of one verdict condition: syntax, unknown metrics, unknown variants (checked against
-//! `variants`), units that do not fit the metric, unknown status words. Empty when it is fine.
+//! `variants`), units that do not fit the metric, unknown words. Empty when it is fine.
 std::vector<std::string> check_verdict_condition(const std::string& condition,
                                                  const std::vector<std::string>& variants);
+//! Same with the metrics of `vocabulary`.
+std::vector<std::string> check_verdict_condition(const std::string& condition,
+                                                 const std::vector<std::string>& variants,
+                                                 const ConditionVocabulary& vocabulary);
 //! The (variant, metric) pairs a verdict condition reads, in the order written; the condition must
 //! be free of syntax errors (std::invalid_argument otherwise).
 std::vector<std::pair<std::string, std::string>> verdict_condition_reads(const std::string& condition);

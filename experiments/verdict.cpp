@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "experiments/kinds/registry.h"
 #include "experiments/spec.h"
 
 namespace harness::spec {
@@ -75,7 +76,7 @@ std::optional<Quantity> parse_quantity_with_dimension(std::string_view text) {
 }
 
 const std::vector<std::string>& status_words() {
-  static const std::vector<std::string> words = {"ok", "oom", "unsupported", "error", "crashed", "timeout"};
+  static const std::vector<std::string> words = {"ok", "oom", "unsupported", "error", "nonfinite", "crashed", "timeout"};
   return words;
 }
 
@@ -139,7 +140,10 @@ struct Condition {
   std::vector<std::string> problems;
 };
 
-std::optional<Comparison> parse_comparison(std::string_view text, std::vector<std::string>& problems) {
+// `vocabulary` null: any metric name is accepted and any word-compared metric takes any word (for
+// conditions that were validated already).
+std::optional<Comparison> parse_comparison(std::string_view text, std::vector<std::string>& problems,
+                                           const ConditionVocabulary* vocabulary) {
   Comparison comparison;
   comparison.text = std::string(text);
   const std::string quoted = "\"" + comparison.text + "\"";
@@ -170,24 +174,36 @@ std::optional<Comparison> parse_comparison(std::string_view text, std::vector<st
   }
   comparison.variant = std::string(reference.substr(0, dot));
   comparison.metric = std::string(reference.substr(dot + 1));
-  const auto& metrics = verdict_metrics();
-  if (std::find(metrics.begin(), metrics.end(), comparison.metric) == metrics.end()) {
-    problems.push_back("in " + quoted + ": unknown metric \"" + comparison.metric +
-                       "\"; known metrics: " + join(metrics, ", "));
-    return std::nullopt;
-  }
-  const std::string_view operand = op.empty() ? std::string_view() : trim(text.substr(op_at + op.size()));
-  if (comparison.metric == "status") {
-    if (op != "==" && op != "!=") {
-      problems.push_back("in " + quoted + ": status is compared with == or != and a word, e.g. \"" +
-                         comparison.variant + ".status == ok\"");
+  const bool word_metric = comparison.metric == "status" || comparison.metric == "growth";
+  if (vocabulary && !word_metric) {
+    const auto& metrics = vocabulary->numbers;
+    if (std::find(metrics.begin(), metrics.end(), comparison.metric) == metrics.end()) {
+      std::vector<std::string> known = metrics;
+      for (const auto& entry : vocabulary->words) known.push_back(entry.first);
+      problems.push_back("in " + quoted + ": unknown metric \"" + comparison.metric +
+                         "\"; known metrics: " + join(known, ", "));
       return std::nullopt;
     }
-    const auto& words = status_words();
-    if (std::find(words.begin(), words.end(), operand) == words.end()) {
-      problems.push_back("in " + quoted + ": unknown status \"" + std::string(operand) +
-                         "\"; statuses: " + join(words, ", "));
+  }
+  const std::string_view operand = op.empty() ? std::string_view() : trim(text.substr(op_at + op.size()));
+  if (word_metric) {
+    if (vocabulary && !vocabulary->words.count(comparison.metric)) {
+      problems.push_back("in " + quoted + ": " + comparison.metric +
+                         " can only be read by specs with a \"scaling\" section");
       return std::nullopt;
+    }
+    if (op != "==" && op != "!=") {
+      problems.push_back("in " + quoted + ": " + comparison.metric + " is compared with == or != and a word, e.g. \"" +
+                         comparison.variant + (comparison.metric == "status" ? ".status == ok\"" : ".growth == q_kv\""));
+      return std::nullopt;
+    }
+    if (vocabulary) {
+      const auto& words = vocabulary->words.at(comparison.metric);
+      if (std::find(words.begin(), words.end(), operand) == words.end()) {
+        problems.push_back("in " + quoted + ": unknown " + comparison.metric + " \"" + std::string(operand) + "\"; " +
+                           (comparison.metric == "status" ? "statuses" : "models") + ": " + join(words, ", "));
+        return std::nullopt;
+      }
     }
     comparison.op = std::string(op);
     comparison.word = std::string(operand);
@@ -216,7 +232,7 @@ std::optional<Comparison> parse_comparison(std::string_view text, std::vector<st
   return comparison;
 }
 
-Condition parse_condition(const std::string& text) {
+Condition parse_condition(const std::string& text, const ConditionVocabulary* vocabulary) {
   Condition condition;
   if (trim(text).empty()) {
     condition.problems.push_back("the condition is empty");
@@ -230,7 +246,8 @@ Condition parse_condition(const std::string& text) {
         condition.problems.push_back("in \"" + text + "\": an empty comparison next to && or ||");
         continue;
       }
-      if (auto comparison = parse_comparison(part, condition.problems)) conjunction.push_back(std::move(*comparison));
+      if (auto comparison = parse_comparison(part, condition.problems, vocabulary))
+        conjunction.push_back(std::move(*comparison));
     }
     condition.alternatives.push_back(std::move(conjunction));
   }
@@ -283,6 +300,24 @@ Reading read(const Comparison& comparison, const std::map<std::string, VariantOu
     reading.entry["held"] = reading.held;
     return reading;
   }
+  if (comparison.metric == "growth") {
+    const auto word = outcome.words.find("growth");
+    if (word == outcome.words.end()) {
+      reading.unreadable = Unreadable{"INCONCLUSIVE",
+                                      {{"reason", "no fit for variant \"" + comparison.variant +
+                                                      "\": fewer than two points measured its metric"},
+                                       {"variant", comparison.variant},
+                                       {"metric", comparison.metric},
+                                       {"status", outcome.status},
+                                       {"error", outcome.error}}};
+      return reading;
+    }
+    reading.held = (word->second == comparison.word) == (comparison.op == "==");
+    reading.entry["value"] = word->second;
+    reading.entry["expected"] = comparison.word;
+    reading.entry["held"] = reading.held;
+    return reading;
+  }
   const nlohmann::json failure = {{"variant", comparison.variant},
                                   {"metric", comparison.metric},
                                   {"status", outcome.status},
@@ -331,9 +366,33 @@ const std::vector<std::string>& verdict_metrics() {
   return metrics;
 }
 
+ConditionVocabulary default_vocabulary() { return vocabulary_for("attention_step", std::nullopt); }
+
+ConditionVocabulary vocabulary_for(const std::string& kind, const std::optional<Scaling>& scaling) {
+  ConditionVocabulary vocabulary;
+  // An unknown kind is reported by itself; its rule is read as attention_step's meanwhile.
+  const kinds::KindInfo* info = kinds::find_kind(kind);
+  if (!info) info = kinds::find_kind("attention_step");
+  vocabulary.numbers = info->verdict_metrics;
+  vocabulary.words["status"] = status_words();
+  if (scaling) {
+    vocabulary.words["growth"] = scaling->models;
+    for (const std::string& model : scaling->models) {
+      for (const char* what : {"r2_", "slope_"}) vocabulary.numbers.push_back(what + model);
+    }
+  }
+  return vocabulary;
+}
+
 std::vector<std::string> check_verdict_condition(const std::string& condition,
                                                  const std::vector<std::string>& variants) {
-  Condition parsed = parse_condition(condition);
+  return check_verdict_condition(condition, variants, default_vocabulary());
+}
+
+std::vector<std::string> check_verdict_condition(const std::string& condition,
+                                                 const std::vector<std::string>& variants,
+                                                 const ConditionVocabulary& vocabulary) {
+  Condition parsed = parse_condition(condition, &vocabulary);
   std::vector<std::string> unknown;
   for (const auto& conjunction : parsed.alternatives) {
     for (const Comparison& comparison : conjunction) {
@@ -349,7 +408,7 @@ std::vector<std::string> check_verdict_condition(const std::string& condition,
 }
 
 std::vector<std::pair<std::string, std::string>> verdict_condition_reads(const std::string& condition) {
-  const Condition parsed = parse_condition(condition);
+  const Condition parsed = parse_condition(condition, nullptr);
   if (!parsed.problems.empty()) throw std::invalid_argument("verdict condition: " + parsed.problems.front());
   std::vector<std::pair<std::string, std::string>> reads;
   for (const auto& conjunction : parsed.alternatives) {
@@ -365,7 +424,7 @@ Verdict evaluate_verdict(const Spec& spec, const std::map<std::string, VariantOu
     if (clause.condition.empty()) {
       return {clause.then, {{"clause", index}, {"else", true}, {"then", clause.then}, {"rejected", rejected}}};
     }
-    const Condition condition = parse_condition(clause.condition);
+    const Condition condition = parse_condition(clause.condition, nullptr);
     if (!condition.problems.empty()) {
       throw std::invalid_argument("verdict clause " + std::to_string(index) + " of " + spec.name + ": " +
                                   condition.problems.front());

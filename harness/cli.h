@@ -18,6 +18,10 @@ Action add_list_command(CLI::App& app, GlobalOptions& options);
 Action add_runs_command(CLI::App& app, GlobalOptions& options);
 Action add_show_command(CLI::App& app, GlobalOptions& options);
 Action add_env_command(CLI::App& app, GlobalOptions& options);
+Action add_diff_command(CLI::App& app, GlobalOptions& options);
+Action add_writeup_command(CLI::App& app, GlobalOptions& options);
+Action add_explain_command(CLI::App& app, GlobalOptions& options);
+Action add_replay_command(CLI::App& app, GlobalOptions& options);
 //! Hidden: `__trial` (one trial inside the child) and `__env` (fingerprint of a device, in a child).
 Action add_trial_command(CLI::App& app, GlobalOptions& options);
 Action add_env_child_command(CLI::App& app, GlobalOptions& options);

@@ -1,24 +1,32 @@
-// `harness run EXPERIMENT`: validate the spec completely, check the device, then run every
-// variant in its own child process and store trials, metrics and the verdict.
+// `harness run EXPERIMENT... | --all`: validate every spec completely, check the devices, plan
+// (experiments × sweep points × variants), then run each trial in its own child process, one
+// trial per device at a time, and store trials, metrics and verdicts.
 
-#include <ftw.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include <cstdlib>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <filesystem>
 #include <iostream>
-#include <regex>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include "db/store.h"
+#include "experiments/memory_model.h"
+#include "experiments/scaling.h"
 #include "experiments/spec.h"
+#include "experiments/sweep.h"
 #include "harness/cli.h"
 #include "harness/printer.h"
+#include "harness/python_env.h"
 #include "harness/run_report.h"
+#include "harness/run_support.h"
 #include "harness/summary.h"
-#include "harness/trial_runner.h"
 
 namespace harness {
 namespace {
@@ -26,123 +34,231 @@ namespace {
 namespace fs = std::filesystem;
 
 struct RunArgs {
-  std::string experiment;
+  std::vector<std::string> experiments;
+  bool all = false;
   std::string device = "auto";
+  std::string devices;
   std::vector<std::string> overrides;
   std::string profile;
   bool no_profile = false;
   std::vector<std::string> fail_on;
   std::string memory_limit;
+  std::string python = "python3";
+  bool keep_capsules = false;
   double env_timeout_s = 180.0;
 };
 
-// POSIX instead of std::filesystem::remove_all: libtorch.so exports its own copy of that symbol,
-// which the dynamic linker binds in place of libstdc++'s and which crashes here (seen with
-// torch 2.11.0 on Debian 12, GCC 12).
-void remove_tree(const std::string& path) {
-  nftw(
-      path.c_str(), [](const char* item, const struct stat*, int, struct FTW*) { return ::remove(item); }, 16,
-      FTW_DEPTH | FTW_PHYS);
-}
-
-// A scratch folder for the resolved spec and result files, removed when the run ends.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string pattern = (fs::temp_directory_path() / "harness-run-XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw InfraError("cannot create a temporary directory");
-    path_ = pattern;
-  }
-  ~ScratchDir() { remove_tree(path_.string()); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
+//! One experiment of the invocation: its spec, points and run row, and what its trials gave.
+struct PlannedRun {
+  std::string spec_path;
+  spec::Spec spec;
+  std::vector<nlohmann::json> points;
+  std::vector<spec::Spec> point_specs;
+  std::vector<std::string> point_files;
+  int64_t run_id = 0;
+  size_t pending = 0;  //!< trials not finished yet
+  std::vector<db::Metric> metrics;
+  std::vector<std::map<std::string, spec::VariantOutcome>> outcomes;  //!< per point
+  bool any_failed = false;
+  bool interrupted = false;
+  bool finished = false;
 };
 
-void check_device_syntax(const std::string& device) {
-  static const std::regex valid(R"(auto|cpu|cuda(:\d+)?)");
-  if (!std::regex_match(device, valid))
-    throw UsageError(fmt::format("--device '{}': expected cpu, cuda, cuda:N or auto", device));
-}
+//! One trial to run.
+struct Job {
+  size_t run = 0;
+  size_t point = 0;
+  size_t variant = 0;
+};
 
-std::string child_log_level(const GlobalOptions& options) { return options.log_level; }
-
-// Asks a child for the device's fingerprint; the parent never touches CUDA itself. Returns
-// {resolved device, env}.
-std::pair<std::string, nlohmann::json> probe_device(const std::string& device, const GlobalOptions& options,
-                                                    const ScratchDir& scratch, double timeout_s) {
-  ChildCommand command;
-  const std::string result_path = scratch.file("env.json");
-  command.argv = {self_executable(), "__env", "--device", device, "--result", result_path,
-                  "--log-level", child_log_level(options)};
-  command.timeout_s = timeout_s;
-  const ChildOutcome outcome = run_child(command);
-  if (outcome.exit_code && *outcome.exit_code == kExitUsage) {
-    std::string message = outcome.stderr_tail;
-    const auto at = message.find("error: ");
-    if (at != std::string::npos) message = message.substr(at + 7);
-    while (!message.empty() && message.back() == '\n') message.pop_back();
-    throw UsageError(message);
-  }
-  if (!outcome.exit_code || *outcome.exit_code != 0 || !fs::exists(result_path)) {
-    throw InfraError(fmt::format("probing device {} failed ({}): {}", device,
-                                 outcome.signal ? signal_name(*outcome.signal)
-                                                : outcome.timed_out ? "timeout"
-                                                                    : "exit " + std::to_string(outcome.exit_code.value_or(-1)),
-                                 outcome.stderr_tail));
-  }
-  const auto json = nlohmann::json::parse(read_file(result_path));
-  return {json.at("device").get<std::string>(), json.at("env")};
-}
-
-// Turns how the child ended (and its result file, if any) into a trial record and metrics.
-std::pair<db::Trial, std::vector<db::Metric>> record_trial(const std::string& variant, const ChildOutcome& outcome,
-                                                           const std::string& result_path) {
-  db::Trial trial;
-  trial.variant = variant;
-  trial.exit_code = outcome.exit_code;
-  trial.signal = outcome.signal;
-  trial.stderr_tail = outcome.stderr_tail;
-  trial.duration_s = outcome.duration_s;
-  std::vector<db::Metric> metrics;
-  if (outcome.interrupted) {
-    trial.status = "interrupted";
-    trial.error = "the harness was interrupted and stopped the trial";
-  } else if (outcome.timed_out) {
-    trial.status = "timeout";
-    trial.error = fmt::format("no result after {:.0f} s; the child was killed", outcome.duration_s);
-  } else if (outcome.signal) {
-    trial.status = "crashed";
-    trial.error = "killed by " + signal_name(*outcome.signal);
-  } else if (!fs::exists(result_path)) {
-    trial.status = "crashed";
-    trial.error = fmt::format("exited with code {} without a result", outcome.exit_code.value_or(-1));
-  } else {
-    const auto result = nlohmann::json::parse(read_file(result_path));
-    trial.status = result.at("status").get<std::string>();
-    trial.error = result.value("error", "");
-    if (result.contains("requested_bytes")) trial.requested_bytes = result.at("requested_bytes").get<int64_t>();
-    trial.dispatch = result.value("dispatch", nlohmann::json::array());
-    for (const auto& m : result.value("metrics", nlohmann::json::array())) {
-      db::Metric metric;
-      metric.variant = variant;
-      metric.name = m.at("name").get<std::string>();
-      metric.value = m.at("value").get<double>();
-      metric.unit = m.value("unit", "");
-      metric.repeat = m.value("repeat", -1);
-      metrics.push_back(std::move(metric));
+std::vector<std::string> all_experiment_specs(const std::vector<std::string>& dirs) {
+  std::vector<std::string> paths, stems;
+  for (const std::string& dir : dirs) {
+    std::error_code error;
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::directory_iterator(dir, error))
+      if (entry.path().extension() == ".json") files.push_back(entry.path());
+    std::sort(files.begin(), files.end());
+    for (const auto& file : files) {
+      if (std::find(stems.begin(), stems.end(), file.stem().string()) != stems.end()) continue;
+      stems.push_back(file.stem().string());
+      paths.push_back(file.string());
     }
   }
-  return {trial, metrics};
+  return paths;
 }
 
-bool trial_failed(const std::string& status) {
-  return status == "crashed" || status == "timeout" || status == "error" || status == "interrupted";
+std::string join_devices(const std::vector<std::string>& devices) {
+  std::string joined;
+  for (const auto& device : devices) joined += (joined.empty() ? "" : ",") + device;
+  return joined;
 }
 
-int run_experiment(const RunArgs& args, const GlobalOptions& options) {
-  check_device_syntax(args.device);
+std::string format_duration(double seconds) {
+  if (seconds < 60.0) return fmt::format("{:.0f}s", seconds);
+  if (seconds < 3600.0) return fmt::format("{}m{:02}s", static_cast<int>(seconds) / 60, static_cast<int>(seconds) % 60);
+  return fmt::format("{}h{:02}m", static_cast<int>(seconds) / 3600, (static_cast<int>(seconds) / 60) % 60);
+}
+
+void check_fail_on(const std::vector<std::string>& fail_on) {
+  for (const std::string& condition : fail_on) {
+    if (condition == "failed" || condition == "invalid" || (condition.rfind("verdict=", 0) == 0 && condition.size() > 8))
+      continue;
+    throw UsageError(fmt::format("--fail-on '{}': expected failed, invalid or verdict=NAME", condition));
+  }
+}
+
+// The memory model's prediction for each attention variant at each point, stored as metrics beside
+// the measured peaks so that `show`, diff and writeups put them side by side.
+std::vector<db::Metric> model_metrics(const spec::Spec& point_spec, const nlohmann::json& point,
+                                      const std::string& variant, const std::string& device) {
+  const auto prediction =
+      memory_model::predict(point_spec, variant, device.rfind("cuda", 0) == 0 ? "cuda" : "cpu");
+  return {{variant, point, "model_fwd_peak_bytes", static_cast<double>(prediction.fwd_peak_bytes), "bytes", -1},
+          {variant, point, "model_bwd_peak_bytes", static_cast<double>(prediction.bwd_peak_bytes), "bytes", -1}};
+}
+
+// Verdict of a finished run: per point by the spec's rule; with a scaling section, once over the
+// fits; several points agree or the verdict is MIXED.
+spec::Verdict decide(PlannedRun& run, db::Store& store) {
+  spec::Verdict verdict;
+  if (run.interrupted) {
+    verdict.verdict = "INTERRUPTED";
+    verdict.evidence = {{"reason", "the run was interrupted before every trial ran"}};
+    return verdict;
+  }
+  const spec::Spec& spec = run.spec;
+  if (spec.scaling) {
+    std::vector<spec::ScalingSample> samples;
+    nlohmann::json per_point = nlohmann::json::array();
+    for (size_t p = 0; p < run.points.size(); ++p) {
+      for (const auto& [variant, outcome] : run.outcomes[p]) {
+        per_point.push_back({{"point", run.points[p]}, {"variant", variant}, {"status", outcome.status}});
+        const auto value = outcome.values.find(spec.scaling->metric);
+        if (outcome.status != "ok" || value == outcome.values.end()) continue;
+        spec::ScalingSample sample;
+        sample.variant = variant;
+        sample.value = value->second;
+        for (const std::string& model : spec.scaling->models)
+          sample.regressors[model] = spec::model_regressor(model, run.point_specs[p]);
+        samples.push_back(std::move(sample));
+      }
+    }
+    const auto fits = spec::fit_scaling(*spec.scaling, samples);
+    std::map<std::string, spec::VariantOutcome> outcomes;
+    std::vector<db::Metric> metrics;
+    nlohmann::json fit_evidence = nlohmann::json::object();
+    for (const spec::Variant& variant : spec.variants) {
+      spec::VariantOutcome outcome;
+      outcome.status = "ok";
+      const auto found = fits.find(variant.name);
+      nlohmann::json entry = {{"metric", spec.scaling->metric}, {"fits", nlohmann::json::array()}};
+      if (found != fits.end()) {
+        if (!found->second.growth.empty()) outcome.words["growth"] = found->second.growth;
+        entry["growth"] = found->second.growth;
+        for (const spec::Fit& fit : found->second.fits) {
+          entry["fits"].push_back({{"model", fit.model},
+                                   {"slope", fit.slope},
+                                   {"intercept", fit.intercept},
+                                   {"r2", fit.r2},
+                                   {"points", fit.points}});
+          if (fit.points < 2) continue;
+          outcome.values["r2_" + fit.model] = fit.r2;
+          outcome.values["slope_" + fit.model] = fit.slope;
+          metrics.push_back({variant.name, nlohmann::json::object(), "r2_" + fit.model, fit.r2, "", -1});
+          metrics.push_back({variant.name, nlohmann::json::object(), "slope_" + fit.model, fit.slope, "", -1});
+        }
+      }
+      fit_evidence[variant.name] = std::move(entry);
+      outcomes[variant.name] = std::move(outcome);
+    }
+    if (!metrics.empty()) store.add_metrics(run.run_id, metrics);
+    verdict = spec::evaluate_verdict(spec, outcomes);
+    verdict.evidence["fits"] = std::move(fit_evidence);
+    verdict.evidence["points"] = std::move(per_point);
+    return verdict;
+  }
+  std::vector<spec::Verdict> verdicts;
+  for (size_t p = 0; p < run.points.size(); ++p)
+    verdicts.push_back(spec::evaluate_verdict(run.point_specs[p], run.outcomes[p]));
+  if (verdicts.size() == 1) return verdicts.front();
+  nlohmann::json points = nlohmann::json::array();
+  bool same = true;
+  for (size_t p = 0; p < verdicts.size(); ++p) {
+    points.push_back({{"point", run.points[p]}, {"verdict", verdicts[p].verdict}, {"evidence", verdicts[p].evidence}});
+    same = same && verdicts[p].verdict == verdicts.front().verdict;
+  }
+  verdict.verdict = same ? verdicts.front().verdict : "MIXED";
+  verdict.evidence = {{"points", std::move(points)}};
+  if (!same) verdict.evidence["reason"] = "the sweep's points reached different verdicts";
+  return verdict;
+}
+
+// The progress display: on a terminal, a status line (trial i of n, current point, elapsed, ETA)
+// under the finished trials' lines; elsewhere only the finished lines; nothing under --json.
+class Progress {
+ public:
+  Progress(bool enabled, size_t total, size_t workers)
+      : enabled_(enabled), interactive_(isatty(STDERR_FILENO) != 0), total_(total), workers_(workers),
+        start_(std::chrono::steady_clock::now()) {}
+
+  void started(const std::string& what) {
+    if (!enabled_ || !interactive_) return;
+    ++started_;
+    current_ = what;
+    draw();
+  }
+
+  void finished(const std::string& line, double seconds) {
+    ++done_;
+    busy_seconds_ += seconds;
+    if (!enabled_) return;
+    if (interactive_) std::cerr << "\r\033[K";
+    std::cerr << line << '\n';
+    if (interactive_ && done_ < total_) draw();
+  }
+
+  void message(const std::string& line) {
+    if (!enabled_) return;
+    if (interactive_) std::cerr << "\r\033[K";
+    std::cerr << line << '\n';
+  }
+
+ private:
+  void draw() {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    std::string eta = "ETA -";
+    if (done_ > 0) {
+      const double per_trial = busy_seconds_ / static_cast<double>(done_);
+      const double remaining = per_trial * static_cast<double>(total_ - done_) / static_cast<double>(workers_);
+      eta = "ETA " + format_duration(remaining);
+    }
+    std::cerr << fmt::format("\r\033[K[{}/{}] {} · {} elapsed · {}", std::min(started_, total_), total_, current_,
+                             format_duration(elapsed), eta)
+              << std::flush;
+  }
+
+  bool enabled_, interactive_;
+  size_t total_, workers_;
+  size_t started_ = 0, done_ = 0;
+  double busy_seconds_ = 0.0;
+  std::string current_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+int run_experiments(const RunArgs& args, const GlobalOptions& options) {
+  // Everything a user can get wrong is checked before any child starts or the db is touched.
+  if (args.all && !args.experiments.empty())
+    throw UsageError("give experiment names or --all, not both");
+  if (!args.all && args.experiments.empty()) throw UsageError("name an experiment (`harness list` shows them) or pass --all");
+  std::vector<std::string> devices;
+  if (!args.devices.empty()) {
+    if (args.device != "auto") throw UsageError("give --device or --devices, not both");
+    devices = parse_device_list(args.devices);
+  } else {
+    check_device_syntax(args.device);
+    devices = {args.device};
+  }
   int64_t memory_limit_bytes = 0;
   if (!args.memory_limit.empty()) {
     const auto bytes = spec::parse_byte_size(args.memory_limit);
@@ -151,135 +267,239 @@ int run_experiment(const RunArgs& args, const GlobalOptions& options) {
                                    args.memory_limit));
     memory_limit_bytes = static_cast<int64_t>(*bytes);
   }
+  check_fail_on(args.fail_on);
   const auto dirs = experiment_search_dirs(options);
-  const auto spec_path = spec::find_spec(args.experiment, dirs);
-  if (!spec_path) {
-    std::string searched;
-    for (const auto& dir : dirs) searched += (searched.empty() ? "" : ", ") + dir;
-    throw UsageError(fmt::format("unknown experiment '{}' (searched {}; `harness list` shows them)",
-                                 args.experiment, searched));
+  std::vector<std::string> spec_paths;
+  if (args.all) {
+    spec_paths = all_experiment_specs(dirs);
+    if (spec_paths.empty()) throw UsageError("--all: no experiment specs found");
   }
-
-  // Validate everything a user can get wrong before any child starts or the db is touched.
-  const bool allow_faults = std::getenv("HARNESS_ALLOW_FAULTS") && std::string(std::getenv("HARNESS_ALLOW_FAULTS")) == "1";
-  const auto raw = nlohmann::json::parse(read_file(*spec_path), nullptr, false);
-  spec::LoadOptions load;
-  load.overrides = args.overrides;
-  load.allow_faults = allow_faults;
-  if (!args.profile.empty()) {
-    if (raw.is_discarded() || !spec::has_profile(raw, args.profile))
-      throw UsageError(fmt::format("--profile {}: {} defines no such profile", args.profile, *spec_path));
-    load.profile = args.profile;
+  for (const std::string& name : args.experiments) {
+    const auto path = spec::find_spec(name, dirs);
+    if (!path) {
+      std::string searched;
+      for (const auto& dir : dirs) searched += (searched.empty() ? "" : ", ") + dir;
+      throw UsageError(fmt::format("unknown experiment '{}' (searched {}; `harness list` shows them)", name, searched));
+    }
+    spec_paths.push_back(*path);
   }
-  spec::load_spec_file(*spec_path, load);  // throws SpecError with every problem
+  const bool allow_faults = faults_allowed();
+  std::vector<spec::SpecIssue> issues;
+  std::vector<nlohmann::json> raws;
+  for (const std::string& path : spec_paths) {
+    raws.push_back(nlohmann::json::parse(read_file(path), nullptr, false));
+    spec::LoadOptions load;
+    load.overrides = args.overrides;
+    load.allow_faults = allow_faults;
+    if (!args.profile.empty()) {
+      if (raws.back().is_discarded() || !spec::has_profile(raws.back(), args.profile))
+        throw UsageError(fmt::format("--profile {}: {} defines no such profile", args.profile, path));
+      load.profile = args.profile;
+    }
+    try {
+      spec::load_spec_file(path, load);
+    } catch (const spec::SpecError& error) {
+      issues.insert(issues.end(), error.issues().begin(), error.issues().end());
+    }
+  }
+  if (!issues.empty()) throw spec::SpecError(std::move(issues));
 
   ScratchDir scratch;
   install_interrupt_handlers();
-  const auto [device, env] = probe_device(args.device, options, scratch, args.env_timeout_s);
-  if (args.profile.empty() && !args.no_profile && device == "cpu" && !raw.is_discarded() && spec::has_profile(raw, "cpu"))
-    load.profile = "cpu";
-  const spec::Spec spec = spec::load_spec_file(*spec_path, load);
+  std::vector<nlohmann::json> envs;
+  for (std::string& device : devices) {
+    auto [resolved, env] = probe_device(device, options, scratch, args.env_timeout_s);
+    device = resolved;
+    envs.push_back(std::move(env));
+  }
+  const bool on_cpu = devices.front() == "cpu";
+
+  std::vector<PlannedRun> runs;
+  std::optional<nlohmann::json> python_env;
+  for (size_t i = 0; i < spec_paths.size(); ++i) {
+    spec::LoadOptions load;
+    load.overrides = args.overrides;
+    load.allow_faults = allow_faults;
+    load.profile = args.profile;
+    if (args.profile.empty() && !args.no_profile && on_cpu && !raws[i].is_discarded() && spec::has_profile(raws[i], "cpu"))
+      load.profile = "cpu";
+    PlannedRun run;
+    run.spec_path = spec_paths[i];
+    run.spec = spec::load_spec_file(spec_paths[i], load);
+    run.points = spec::sweep_points(run.spec);
+    for (const auto& point : run.points) run.point_specs.push_back(spec::spec_at_point(run.spec, point));
+    run.outcomes.resize(run.points.size());
+    if (run.spec.kind == "python" && !python_env) {
+      // An interpreter that cannot run fails each trial with the reason; the env says so too.
+      try {
+        python_env = python_fingerprint(args.python, args.env_timeout_s);
+      } catch (const std::exception& error) {
+        python_env = nlohmann::json{{"interpreter", args.python}, {"error", error.what()}};
+      }
+    }
+    runs.push_back(std::move(run));
+  }
 
   db::Store store(options.db_path);
-  db::Run run;
-  run.env_id = store.put_env(env);
-  run.experiment_id = store.put_experiment(spec.name, spec.resolved);
-  run.experiment = spec.name;
-  run.device = device;
-  run.profile = spec.profile;
-  run.args = {{"experiment", args.experiment}, {"spec_path", *spec_path}, {"set", args.overrides},
-              {"requested_device", args.device}};
-  if (memory_limit_bytes > 0) run.args["memory_limit_bytes"] = memory_limit_bytes;
-  const int64_t run_id = store.begin_run(run);
-
-  const std::string spec_file = scratch.file("spec.json");
-  write_file_atomic(spec_file, spec.resolved.dump(2));
-  const bool show_progress = !options.json;
-  const bool interactive = isatty(STDERR_FILENO) != 0;
-  if (show_progress)
-    std::cerr << fmt::format("run {}: {} on {}{} — {} variant{}\n", run_id, spec.name, device,
-                             spec.profile.empty() ? "" : " (profile " + spec.profile + ")", spec.variants.size(),
-                             spec.variants.size() == 1 ? "" : "s");
-
-  std::map<std::string, spec::VariantOutcome> outcomes;
-  bool any_failed = false, interrupted = false;
-  const size_t total = spec.variants.size();
-  for (size_t index = 0; index < total && !interrupted; ++index) {
-    const auto& variant = spec.variants[index];
-    // On a terminal the "running" line is overwritten by the result; in logs only results appear.
-    if (show_progress && interactive)
-      std::cerr << fmt::format("  [{}/{}] {:<10} running ...", index + 1, total, variant.name) << std::flush;
-    const std::string result_path = scratch.file("result-" + variant.name + ".json");
-    ChildCommand command;
-    command.argv = {self_executable(), "__trial", "--spec", spec_file, "--variant", variant.name,
-                    "--device", device, "--result", result_path, "--log-level", child_log_level(options)};
-    if (allow_faults) command.argv.push_back("--allow-faults");
-    if (memory_limit_bytes > 0) {
-      command.argv.push_back("--memory-limit");
-      command.argv.push_back(std::to_string(memory_limit_bytes));
+  const std::string artifact_dir = artifact_dir_for(options.db_path);
+  std::vector<Job> jobs;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    PlannedRun& run = runs[r];
+    nlohmann::json env = envs.front();
+    if (run.spec.kind == "python" && python_env) env["python"] = *python_env;
+    db::Run row;
+    row.env_id = store.put_env(env);
+    row.experiment_id = store.put_experiment(run.spec.name, run.spec.resolved);
+    row.experiment = run.spec.name;
+    row.device = join_devices(devices);
+    row.profile = run.spec.profile;
+    row.args = {{"experiment", run.spec.name}, {"spec_path", run.spec_path}, {"set", args.overrides},
+                {"requested_device", args.devices.empty() ? args.device : args.devices}};
+    if (memory_limit_bytes > 0) row.args["memory_limit_bytes"] = memory_limit_bytes;
+    if (run.spec.kind == "python") row.args["python"] = args.python;
+    run.run_id = store.begin_run(row);
+    for (size_t p = 0; p < run.points.size(); ++p) {
+      run.point_files.push_back(scratch.file(fmt::format("spec-{}-{}.json", run.run_id, p)));
+      write_file_atomic(run.point_files.back(), run.point_specs[p].resolved.dump(2));
+      for (size_t v = 0; v < run.spec.variants.size(); ++v) jobs.push_back({r, p, v});
     }
-    command.timeout_s = spec.timeout_s;
-    const std::string started_at = db::now_iso8601();
-    const ChildOutcome outcome = run_child(command, [](const std::string& line) { spdlog::debug("child: {}", line); });
-    auto [trial, metrics] = record_trial(variant.name, outcome, result_path);
-    trial.run_id = run_id;
-    trial.started_at = started_at;
-    store.add_trial(trial, metrics);
-    if (show_progress)
-      std::cerr << fmt::format("{}  [{}/{}] {:<10} {:<12} {:.1f} s{}\n", interactive ? "\r" : "", index + 1, total, variant.name, trial.status,
-                               trial.duration_s, trial.error.empty() ? "" : "  " + first_line(trial.error));
-    any_failed = any_failed || trial_failed(trial.status);
-    interrupted = trial.status == "interrupted";
-
-    spec::VariantOutcome variant_outcome;
-    variant_outcome.status = trial.status;
-    variant_outcome.error = trial.error;
-    for (const auto& [key, summary] : summarize(metrics)) variant_outcome.values[key.second] = summary.median;
-    outcomes[variant.name] = std::move(variant_outcome);
+    run.pending = run.points.size() * run.spec.variants.size();
   }
 
-  const std::string status = interrupted ? "interrupted" : any_failed ? "failed" : "ok";
-  spec::Verdict verdict;
-  if (interrupted) {
-    verdict.verdict = "INTERRUPTED";
-    verdict.evidence = {{"reason", "the run was interrupted before every variant ran"}};
-  } else {
-    verdict = spec::evaluate_verdict(spec, outcomes);
+  const bool show_progress = !options.json;
+  Progress progress(show_progress, jobs.size(), devices.size());
+  for (const PlannedRun& run : runs) {
+    progress.message(fmt::format("run {}: {} on {}{} — {} point{} × {} variant{}", run.run_id, run.spec.name,
+                                 join_devices(devices), run.spec.profile.empty() ? "" : " (profile " + run.spec.profile + ")",
+                                 run.points.size(), run.points.size() == 1 ? "" : "s", run.spec.variants.size(),
+                                 run.spec.variants.size() == 1 ? "" : "s"));
   }
-  store.finish_run(run_id, status, verdict.verdict, verdict.evidence);
 
-  const auto detail = store.get_run(run_id);
-  if (options.json) {
-    print_json(std::cout, run_detail_json(*detail));
-  } else {
-    print_run_summary(std::cout, *detail);
+  std::mutex mutex;  // guards the queue, the store, the runs and the progress display
+  std::deque<Job> queue(jobs.begin(), jobs.end());
+  size_t sequence = 0;
+  auto finish_run = [&](PlannedRun& run) {
+    const std::string status = run.interrupted ? "interrupted" : run.any_failed ? "failed" : "ok";
+    const spec::Verdict verdict = decide(run, store);
+    store.finish_run(run.run_id, status, verdict.verdict, verdict.evidence);
+    run.finished = true;
+  };
+  auto worker = [&](const std::string& device) {
+    while (true) {
+      Job job;
+      size_t index = 0;
+      {
+        std::lock_guard lock(mutex);
+        if (queue.empty() || interrupt_requested()) return;
+        job = queue.front();
+        queue.pop_front();
+        index = ++sequence;
+      }
+      PlannedRun& run = runs[job.run];
+      const spec::Variant& variant = run.spec.variants[job.variant];
+      const nlohmann::json& point = run.points[job.point];
+      const std::string label = spec::point_label(point);
+      const std::string what = fmt::format("{}{}{} · {} on {}", run.spec.name, label.empty() ? "" : " ", label,
+                                           variant.name, device);
+      {
+        std::lock_guard lock(mutex);
+        progress.started(what);
+      }
+      TrialLaunch launch;
+      launch.spec_file = run.point_files[job.point];
+      launch.variant = variant.name;
+      launch.device = device;
+      launch.devices = devices;
+      launch.result_path = scratch.file(fmt::format("result-{}.json", index));
+      launch.memory_limit_bytes = memory_limit_bytes;
+      launch.allow_faults = allow_faults;
+      if (run.spec.kind == "python") launch.python = args.python;
+      launch.spec_dir = fs::absolute(fs::path(run.spec_path)).parent_path().string();
+      launch.artifact_dir = artifact_dir;
+      launch.keep_capsules = args.keep_capsules;
+      launch.timeout_s = run.spec.timeout_s;
+      const std::string started_at = db::now_iso8601();
+      const ChildOutcome outcome =
+          run_child(trial_command(launch, options), [](const std::string& line) { spdlog::debug("child: {}", line); });
+      RecordedTrial recorded = record_trial(variant.name, point, outcome, launch.result_path, options.db_path);
+      recorded.trial.started_at = started_at;
+      if (run.spec.kind == "attention_step") {
+        const auto predicted = model_metrics(run.point_specs[job.point], point, variant.name, device);
+        recorded.metrics.insert(recorded.metrics.end(), predicted.begin(), predicted.end());
+      }
+
+      std::lock_guard lock(mutex);
+      store_trial(store, run.run_id, recorded);
+      const db::Trial& trial = recorded.trial;
+      spec::VariantOutcome variant_outcome;
+      variant_outcome.status = trial.status;
+      variant_outcome.error = trial.error;
+      for (const auto& [key, summary] : summarize(recorded.metrics)) variant_outcome.values[key.second] = summary.median;
+      run.outcomes[job.point][variant.name] = std::move(variant_outcome);
+      run.metrics.insert(run.metrics.end(), recorded.metrics.begin(), recorded.metrics.end());
+      run.any_failed = run.any_failed || trial_failed(trial.status);
+      run.interrupted = run.interrupted || trial.status == "interrupted";
+      progress.finished(fmt::format("  [{}/{}] {:<40} {:<12} {:.1f} s{}", index, jobs.size(), what, trial.status,
+                                    trial.duration_s, trial.error.empty() ? "" : "  " + first_line(trial.error)),
+                        trial.duration_s);
+      if (--run.pending == 0) finish_run(run);
+    }
+  };
+  std::vector<std::thread> workers;
+  for (const std::string& device : devices) workers.emplace_back(worker, device);
+  for (auto& thread : workers) thread.join();
+  for (PlannedRun& run : runs) {
+    if (run.finished) continue;
+    run.interrupted = true;
+    finish_run(run);
   }
-  if (interrupted) return kExitInfra;
-  for (const auto& condition : args.fail_on) {
-    if (condition == "failed" && status != "ok") return kExitFailOn;
-    if (condition == "invalid" && (verdict.verdict == "INVALID" || verdict.verdict == "INCONCLUSIVE")) return kExitFailOn;
-    if (condition.rfind("verdict=", 0) == 0 && verdict.verdict == condition.substr(8)) return kExitFailOn;
+
+  bool interrupted = false;
+  int exit_code = kExitOk;
+  nlohmann::json all = nlohmann::json::array();
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const auto detail = store.get_run(runs[r].run_id);
+    if (options.json) {
+      all.push_back(run_detail_json(*detail));
+    } else {
+      if (r > 0) std::cout << '\n';
+      print_run_summary(std::cout, *detail);
+    }
+    interrupted = interrupted || detail->run.status == "interrupted";
+    for (const auto& condition : args.fail_on) {
+      if ((condition == "failed" && detail->run.status != "ok") ||
+          (condition == "invalid" && (detail->run.verdict == "INVALID" || detail->run.verdict == "INCONCLUSIVE")) ||
+          (condition.rfind("verdict=", 0) == 0 && detail->run.verdict == condition.substr(8)))
+        exit_code = kExitFailOn;
+    }
   }
-  return kExitOk;
+  if (options.json) print_json(std::cout, all.size() == 1 ? all.front() : nlohmann::json{{"runs", all}});
+  return interrupted ? kExitInfra : exit_code;
 }
 
 }  // namespace
 
 Action add_run_command(CLI::App& app, GlobalOptions& options) {
   auto args = std::make_shared<RunArgs>();
-  auto* command = app.add_subcommand("run", "Run an experiment: every variant isolated in its own process");
-  command->add_option("experiment", args->experiment, "Experiment name (experiments/NAME.json) or spec path")->required();
+  auto* command = app.add_subcommand("run", "Run experiments: every trial isolated in its own process");
+  command->add_option("experiment", args->experiments, "Experiment names (experiments/NAME.json) or spec paths");
+  command->add_flag("--all", args->all, "Run every experiment of the experiment directories");
   command->add_option("--device", args->device, "cpu, cuda:N, or auto (cuda:0 when a GPU is present, else cpu)");
-  command->add_option("--set", args->overrides, "Override a spec field: path=value (e.g. dims.anchors=256)");
+  command->add_option("--devices", args->devices,
+                      "Spread the trials over these devices, one trial per device at a time (e.g. cuda:0,cuda:1)");
+  command->add_option("--set", args->overrides,
+                      "Override a spec field: path=value (dims.anchors=256); a list sweeps it (dims.anchors=[128,512])");
   command->add_option("--profile", args->profile, "Apply a profile of the spec (default: cpu on the CPU)");
   command->add_flag("--no-profile", args->no_profile, "Never apply a profile, even on the CPU");
   command->add_option("--memory-limit", args->memory_limit,
                       "Cap the device memory of each trial's step (e.g. 96GiB), to reproduce an OOM of a smaller GPU");
+  command->add_option("--python", args->python, "Interpreter for python experiments (default python3)");
+  command->add_flag("--keep-capsules", args->keep_capsules, "Keep the capsules of trials that succeed too");
   command->add_option("--fail-on", args->fail_on,
                       "Exit 1 when: failed (a trial crashed/timed out/errored), invalid (verdict INVALID or "
                       "INCONCLUSIVE), verdict=NAME");
   add_global_options(*command, options);
-  return [args, &options] { return run_experiment(*args, options); };
+  return [args, &options] { return run_experiments(*args, options); };
 }
 
 }  // namespace harness

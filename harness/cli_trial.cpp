@@ -6,7 +6,7 @@
 
 #include <iostream>
 
-#include "experiments/kinds/attention_step.h"
+#include "experiments/kinds/run_trial.h"
 #include "experiments/spec.h"
 #include "harness/cli.h"
 #include "harness/env.h"
@@ -15,9 +15,9 @@ namespace harness {
 namespace {
 
 struct TrialArgs {
-  std::string spec_path, variant, device, result_path;
-  int64_t memory_limit_bytes = 0;
-  bool allow_faults = false;
+  std::string spec_path;
+  kinds::TrialContext context;
+  std::string devices;
 };
 
 struct EnvArgs {
@@ -31,17 +31,32 @@ Action add_trial_command(CLI::App& app, GlobalOptions& options) {
   auto* command = app.add_subcommand("__trial", "(internal) run one trial in this process");
   command->group("");
   command->add_option("--spec", args->spec_path, "Resolved spec JSON")->required();
-  command->add_option("--variant", args->variant)->required();
-  command->add_option("--device", args->device)->required();
-  command->add_option("--result", args->result_path)->required();
-  command->add_flag("--allow-faults", args->allow_faults);
-  command->add_option("--memory-limit", args->memory_limit_bytes, "Device memory cap in bytes (0: none)");
+  auto& context = args->context;
+  command->add_option("--variant", context.variant)->required();
+  command->add_option("--device", context.device)->required();
+  command->add_option("--devices", args->devices, "Every device of --devices, comma-separated");
+  command->add_option("--result", context.result_path)->required();
+  command->add_flag("--allow-faults", context.allow_faults);
+  command->add_option("--memory-limit", context.memory_limit_bytes, "Device memory cap in bytes (0: none)");
+  command->add_option("--python", context.python, "Interpreter of python specs");
+  command->add_option("--spec-dir", context.spec_dir, "Folder of the spec file");
+  command->add_option("--artifact-dir", context.artifact_dir, "Where capsules are written");
+  command->add_flag("--keep-capsules", context.keep_capsules);
+  command->add_option("--replay-capsule", context.replay_capsule, "Run the step recorded in this capsule");
   add_global_options(*command, options);
   return [args] {
     const auto resolved = nlohmann::json::parse(read_file(args->spec_path));
-    const spec::Spec spec = spec::parse_spec(resolved, args->spec_path, args->allow_faults);
-    const kinds::TrialResult result = kinds::run_attention_step(spec, args->variant, args->device, args->memory_limit_bytes);
-    write_file_atomic(args->result_path, kinds::to_json(result).dump());
+    const spec::Spec spec = spec::parse_spec(resolved, args->spec_path, args->context.allow_faults);
+    kinds::TrialContext context = args->context;
+    for (size_t start = 0; start < args->devices.size();) {
+      const size_t comma = args->devices.find(',', start);
+      context.devices.push_back(args->devices.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    if (context.devices.empty()) context.devices = {context.device};
+    const kinds::TrialResult result = kinds::run_trial(spec, context);
+    write_file_atomic(context.result_path, kinds::to_json(result).dump());
     return kExitOk;
   };
 }

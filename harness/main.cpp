@@ -44,6 +44,10 @@ int main(int argc, char** argv) {
   add(add_runs_command);
   add(add_show_command);
   add(add_env_command);
+  add(add_diff_command);
+  add(add_writeup_command);
+  add(add_explain_command);
+  add(add_replay_command);
   add(add_trial_command);
   add(add_env_child_command);
 

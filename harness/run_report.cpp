@@ -15,16 +15,29 @@ namespace {
 // Metrics shown first, in this order; any others follow alphabetically.
 const std::vector<std::string> kMetricOrder = {"fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms", "bwd_ms", "match",
                                                "max_abs_err"};
+// Shown by `show` only: per-tensor errors (max_abs_err summarizes them) and the fits' values (the
+// verdict shows them).
+bool detail_only(const std::string& name) {
+  return name == "out_max_abs_err" || name == "dq_max_abs_err" || name == "dk_max_abs_err" ||
+         name == "dv_max_abs_err" || name.rfind("r2_", 0) == 0 || name.rfind("slope_", 0) == 0;
+}
 
-std::vector<std::string> ordered_metric_names(const db::RunDetail& detail, bool all) {
+// Model predictions are shown inside the measured metric's cell, not as rows of their own.
+bool is_model(const std::string& name) { return name.rfind("model_", 0) == 0; }
+
+std::vector<std::string> ordered_metric_names(const std::vector<db::Metric>& metrics, bool all) {
   std::set<std::string> present;
-  for (const auto& m : detail.metrics) present.insert(m.name);
+  for (const auto& m : metrics) present.insert(m.name);
   std::vector<std::string> names;
   for (const auto& name : kMetricOrder)
     if (present.count(name)) names.push_back(name);
-  if (all)
-    for (const auto& name : present)
-      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  for (const auto& name : present)
+    if (std::find(names.begin(), names.end(), name) == names.end() && !is_model(name) && (all || !detail_only(name)))
+      names.push_back(name);
+  // A metric only the model has (the trial died before measuring it) still gets its column.
+  for (const auto& name : present)
+    if (is_model(name) && !present.count(name.substr(6)) && (all || !detail_only(name.substr(6))))
+      names.push_back(name.substr(6));
   return names;
 }
 
@@ -35,36 +48,110 @@ std::string summary_cell(const MetricSummary& s) {
   return cell;
 }
 
+using Summaries = std::map<std::pair<std::string, std::string>, MetricSummary>;
+
+// The measured value, and beside it the model's prediction with its relative error.
+std::string metric_cell(const Summaries& summaries, const std::string& variant, const std::string& name) {
+  const auto measured = summaries.find({variant, name});
+  const auto model = summaries.find({variant, "model_" + name});
+  std::string cell = measured == summaries.end() ? "-" : summary_cell(measured->second);
+  if (model != summaries.end()) {
+    cell += " (model " + format_value(model->second.median, model->second.unit);
+    if (measured != summaries.end() && measured->second.median > 0)
+      cell += fmt::format(", {:+.1f}%", 100.0 * (model->second.median - measured->second.median) / measured->second.median);
+    cell += ")";
+  }
+  return cell;
+}
+
+std::vector<db::Metric> metrics_at(const std::vector<db::Metric>& metrics, const nlohmann::json& point) {
+  std::vector<db::Metric> out;
+  for (const auto& m : metrics)
+    if (m.point == point) out.push_back(m);
+  return out;
+}
+
+std::vector<std::string> trial_variants(const db::RunDetail& detail) {
+  std::vector<std::string> variants;
+  for (const auto& trial : detail.trials)
+    if (std::find(variants.begin(), variants.end(), trial.variant) == variants.end()) variants.push_back(trial.variant);
+  return variants;
+}
+
+std::vector<nlohmann::json> trial_points(const db::RunDetail& detail) {
+  std::vector<nlohmann::json> points;
+  for (const auto& trial : detail.trials)
+    if (std::find(points.begin(), points.end(), trial.point) == points.end()) points.push_back(trial.point);
+  return points;
+}
+
+std::string point_text(const nlohmann::json& point) {
+  std::string label;
+  for (const auto& [path, value] : point.items()) {
+    const auto dot = path.rfind('.');
+    label += (label.empty() ? "" : " ") + (dot == std::string::npos ? path : path.substr(dot + 1)) + "=" +
+             (value.is_string() ? value.get<std::string>() : value.dump());
+  }
+  return label;
+}
+
 void print_metrics(std::ostream& out, const db::RunDetail& detail, bool all) {
-  const auto summaries = summarize(detail.metrics);
+  const auto points = trial_points(detail);
+  if (points.size() <= 1) {
+    const auto metrics = points.empty() ? detail.metrics : metrics_at(detail.metrics, points.front());
+    const auto summaries = summarize(metrics);
+    Table table;
+    table.headers = {"metric"};
+    table.right_align = {false};
+    for (const auto& variant : trial_variants(detail)) {
+      table.headers.push_back(variant);
+      table.right_align.push_back(true);
+    }
+    for (const auto& name : ordered_metric_names(metrics, all)) {
+      std::vector<std::string> row = {name};
+      for (const auto& variant : trial_variants(detail)) row.push_back(metric_cell(summaries, variant, name));
+      table.rows.push_back(std::move(row));
+    }
+    if (!table.rows.empty()) print_table(out, table);
+    return;
+  }
+  // A sweep: one row per point and variant.
+  std::vector<db::Metric> trial_metrics;
+  for (const auto& m : detail.metrics)
+    if (!m.point.empty()) trial_metrics.push_back(m);
+  const auto names = ordered_metric_names(trial_metrics, all);
   Table table;
-  table.headers = {"metric"};
-  table.right_align = {false};
-  for (const auto& trial : detail.trials) {
-    table.headers.push_back(trial.variant);
+  table.headers = {"point", "variant", "status"};
+  table.right_align = {false, false, false};
+  for (const auto& name : names) {
+    table.headers.push_back(name);
     table.right_align.push_back(true);
   }
-  for (const auto& name : ordered_metric_names(detail, all)) {
-    std::vector<std::string> row = {name};
-    for (const auto& trial : detail.trials) {
-      const auto found = summaries.find({trial.variant, name});
-      row.push_back(found == summaries.end() ? "-" : summary_cell(found->second));
-    }
+  for (const auto& trial : detail.trials) {
+    const auto summaries = summarize(metrics_at(detail.metrics, trial.point));
+    std::vector<std::string> row = {point_text(trial.point), trial.variant, trial.status};
+    for (const auto& name : names) row.push_back(metric_cell(summaries, trial.variant, name));
     table.rows.push_back(std::move(row));
   }
-  if (!table.rows.empty()) print_table(out, table);
+  print_table(out, table);
 }
 
 void print_trials(std::ostream& out, const db::RunDetail& detail) {
   Table table;
+  const bool sweep = trial_points(detail).size() > 1;
   table.headers = {"variant", "status", "time", "exit", "error"};
   table.right_align = {false, false, true, false, false};
+  if (sweep) {
+    table.headers.insert(table.headers.begin(), "point");
+    table.right_align.insert(table.right_align.begin(), false);
+  }
   for (const auto& trial : detail.trials) {
     std::string exit = trial.signal ? fmt::format("signal {}", *trial.signal)
                                     : trial.exit_code ? std::to_string(*trial.exit_code) : "-";
     std::string error = first_line(trial.error);
     if (trial.requested_bytes) error += fmt::format(" (requested {})", format_bytes(static_cast<double>(*trial.requested_bytes)));
     table.rows.push_back({trial.variant, trial.status, fmt::format("{:.1f} s", trial.duration_s), exit, error});
+    if (sweep) table.rows.back().insert(table.rows.back().begin(), point_text(trial.point));
   }
   print_table(out, table);
 }
@@ -77,6 +164,19 @@ void print_verdict(std::ostream& out, const db::RunDetail& detail) {
   out << '\n';
   if (evidence.contains("reason") && evidence["reason"].is_string())
     out << "  " << evidence["reason"].get<std::string>() << '\n';
+  if (evidence.contains("fits") && evidence["fits"].is_object()) {
+    for (const auto& [variant, entry] : evidence["fits"].items()) {
+      std::string line = "  " + variant + ": " + entry.value("metric", "") + " grows as " +
+                         (entry.value("growth", "").empty() ? std::string("(too few points)") : entry.value("growth", ""));
+      for (const auto& fit : entry.value("fits", nlohmann::json::array()))
+        line += fmt::format("; {} R² {:.4f}", fit.value("model", ""), fit.value("r2", 0.0));
+      out << line << '\n';
+    }
+  }
+  if (!evidence.contains("fits") && evidence.contains("points") && evidence["points"].is_array()) {
+    for (const auto& point : evidence["points"])
+      if (point.contains("verdict")) out << "  " << point_text(point.value("point", nlohmann::json::object())) << ": " << point.value("verdict", "") << '\n';
+  }
   // The values the deciding clause read, in the units of their metrics.
   if (!evidence.contains("values") || !evidence["values"].is_array()) return;
   for (const auto& value : evidence["values"]) {
@@ -115,7 +215,8 @@ nlohmann::json run_detail_json(const db::RunDetail& detail) {
   for (const auto& t : detail.trials) {
     nlohmann::json trial = {{"id", t.id},         {"variant", t.variant},         {"point", t.point},
                             {"status", t.status}, {"error", t.error},             {"stderr_tail", t.stderr_tail},
-                            {"dispatch", t.dispatch}, {"duration_s", t.duration_s}, {"started_at", t.started_at}};
+                            {"dispatch", t.dispatch}, {"duration_s", t.duration_s}, {"started_at", t.started_at},
+                            {"details", t.details}};
     trial["exit_code"] = t.exit_code ? nlohmann::json(*t.exit_code) : nlohmann::json();
     trial["signal"] = t.signal ? nlohmann::json(*t.signal) : nlohmann::json();
     trial["requested_bytes"] = t.requested_bytes ? nlohmann::json(*t.requested_bytes) : nlohmann::json();
@@ -182,7 +283,8 @@ void print_run_detail(std::ostream& out, const db::RunDetail& detail) {
 
   for (const auto& trial : detail.trials) {
     if (trial.status == "ok" || trial.stderr_tail.empty()) continue;
-    out << fmt::format("\nstderr of {} ({}), last lines:\n", trial.variant, trial.status);
+    out << fmt::format("\nstderr of {}{} ({}), last lines:\n", trial.variant,
+                       trial.point.empty() ? "" : " at " + point_text(trial.point), trial.status);
     out << trial.stderr_tail;
     if (trial.stderr_tail.back() != '\n') out << '\n';
   }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,6 +47,18 @@ ChildOutcome run_child(const ChildCommand& command, const std::function<void(con
   if (command.argv.empty()) throw InfraError("run_child: empty command");
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) throw InfraError(std::string("pipe: ") + std::strerror(errno));
+  int stdout_fds[2] = {-1, -1};
+  if (command.separate_stdout && pipe2(stdout_fds, O_CLOEXEC) != 0) {
+    const std::string reason = std::strerror(errno);
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    throw InfraError("pipe: " + reason);
+  }
+  auto close_all = [&] {
+    for (int fd : {pipe_fds[0], pipe_fds[1], stdout_fds[0], stdout_fds[1]}) {
+      if (fd >= 0) close(fd);
+    }
+  };
 
   // Build argv/envp before fork: only async-signal-safe calls are allowed in the child.
   std::vector<char*> argv;
@@ -63,15 +76,18 @@ ChildOutcome run_child(const ChildCommand& command, const std::function<void(con
   envp.push_back(nullptr);
 
   const auto start = std::chrono::steady_clock::now();
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
-    close(pipe_fds[0]);
-    close(pipe_fds[1]);
-    throw InfraError(std::string("fork: ") + std::strerror(errno));
+    const std::string reason = std::strerror(errno);
+    close_all();
+    throw InfraError("fork: " + reason);
   }
   if (pid == 0) {
     setpgid(0, 0);  // own process group: a timeout kills the child's helpers too
-    dup2(pipe_fds[1], STDOUT_FILENO);
+    // A child of a process that can be SIGKILLed (a trial child running a script) must not outlive it.
+    if (command.die_with_parent && (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)) _exit(127);
+    dup2(command.separate_stdout ? stdout_fds[1] : pipe_fds[1], STDOUT_FILENO);
     dup2(pipe_fds[1], STDERR_FILENO);
     const int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, STDIN_FILENO);
@@ -82,9 +98,15 @@ ChildOutcome run_child(const ChildCommand& command, const std::function<void(con
   }
   setpgid(pid, pid);
   close(pipe_fds[1]);
+  if (command.separate_stdout) close(stdout_fds[1]);
 
   ChildOutcome outcome;
-  std::string tail, partial_line;
+  std::string tail, partial_line, stdout_text;
+  auto keep_stdout = [&](const char* data, size_t size) {
+    stdout_text.append(data, size);
+    if (stdout_text.size() > 2 * command.stdout_limit_bytes)
+      stdout_text.erase(0, stdout_text.size() - command.stdout_limit_bytes);
+  };
   auto keep = [&](const char* data, size_t size) {
     tail.append(data, size);
     if (tail.size() > 2 * command.stderr_tail_bytes) tail.erase(0, tail.size() - command.stderr_tail_bytes);
@@ -98,19 +120,25 @@ ChildOutcome run_child(const ChildCommand& command, const std::function<void(con
   };
 
   const auto deadline = start + std::chrono::duration<double>(command.timeout_s);
-  bool pipe_open = true, killed = false;
+  bool pipe_open = true, stdout_open = command.separate_stdout, killed = false;
   std::chrono::steady_clock::time_point kill_at{};
   int status = 0;
   bool reaped = false;
+  // Reads what is ready on an open pipe into `sink`; marks it closed at end of file or on an error.
+  auto read_ready = [](const pollfd& fd, bool& open, const std::function<void(const char*, size_t)>& sink) {
+    if (!open || !(fd.revents & (POLLIN | POLLHUP | POLLERR))) return;
+    char buffer[4096];
+    const ssize_t got = read(fd.fd, buffer, sizeof(buffer));
+    if (got > 0) sink(buffer, static_cast<size_t>(got));
+    else if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) open = false;
+  };
   while (!reaped) {
-    if (pipe_open) {
-      pollfd fd{pipe_fds[0], POLLIN, 0};
-      const int ready = poll(&fd, 1, 100);
-      if (ready > 0) {
-        char buffer[4096];
-        const ssize_t got = read(pipe_fds[0], buffer, sizeof(buffer));
-        if (got > 0) keep(buffer, static_cast<size_t>(got));
-        else if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) pipe_open = false;
+    if (pipe_open || stdout_open) {
+      // A closed pipe is left out of the poll set (a negative fd is ignored).
+      pollfd fds[2] = {{pipe_open ? pipe_fds[0] : -1, POLLIN, 0}, {stdout_open ? stdout_fds[0] : -1, POLLIN, 0}};
+      if (poll(fds, 2, 100) > 0) {
+        read_ready(fds[0], pipe_open, keep);
+        read_ready(fds[1], stdout_open, keep_stdout);
       }
     } else {
       usleep(20000);
@@ -129,12 +157,19 @@ ChildOutcome run_child(const ChildCommand& command, const std::function<void(con
     if (!reaped && killed && now >= kill_at) kill(-pid, SIGKILL);
   }
   // Drain what the child wrote before it ended (its helpers may hold the pipe: don't block).
-  fcntl(pipe_fds[0], F_SETFL, O_NONBLOCK);
-  char buffer[4096];
-  ssize_t got;
-  while ((got = read(pipe_fds[0], buffer, sizeof(buffer))) > 0) keep(buffer, static_cast<size_t>(got));
-  close(pipe_fds[0]);
+  auto drain = [](int fd, const std::function<void(const char*, size_t)>& sink) {
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    char buffer[4096];
+    ssize_t got;
+    while ((got = read(fd, buffer, sizeof(buffer))) > 0) sink(buffer, static_cast<size_t>(got));
+    close(fd);
+  };
+  drain(pipe_fds[0], keep);
+  if (command.separate_stdout) drain(stdout_fds[0], keep_stdout);
   if (on_line && !partial_line.empty()) on_line(partial_line);
+  if (stdout_text.size() > command.stdout_limit_bytes)
+    stdout_text.erase(0, stdout_text.size() - command.stdout_limit_bytes);
+  outcome.stdout_text = std::move(stdout_text);
 
   if (WIFEXITED(status)) outcome.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) outcome.signal = WTERMSIG(status);

@@ -16,6 +16,9 @@ struct ChildCommand {
   std::map<std::string, std::string> env;     //!< added to (or replacing in) the parent's environment
   double timeout_s = 600.0;
   size_t stderr_tail_bytes = 8192;            //!< how much of the child's stderr to keep
+  bool separate_stdout = false;               //!< keep stdout apart (ChildOutcome::stdout_text), not in the tail
+  size_t stdout_limit_bytes = 1 << 20;        //!< with separate_stdout: how much of the end of stdout to keep
+  bool die_with_parent = false;               //!< SIGKILL the child when the thread that started it dies
 };
 
 //! How it ended.
@@ -24,12 +27,14 @@ struct ChildOutcome {
   std::optional<int> signal;     //!< set when a signal ended it
   bool timed_out = false;        //!< the parent killed it at the deadline
   bool interrupted = false;      //!< the parent was interrupted (SIGINT/SIGTERM) and killed it
-  std::string stderr_tail;       //!< last bytes of stdout+stderr, cut at a line start
+  std::string stderr_tail;       //!< last bytes of stdout+stderr (stderr only with separate_stdout), cut at a line start
+  std::string stdout_text;       //!< with separate_stdout: the end of stdout (at most stdout_limit_bytes)
   double duration_s = 0.0;
 };
 
 //! Starts the child in its own process group, streams its output lines to `on_line` (may be
-//! empty), and waits. Throws InfraError when the child cannot be started.
+//! empty; stderr only with separate_stdout), and waits. Throws InfraError when the child cannot
+//! be started.
 ChildOutcome run_child(const ChildCommand& command,
                        const std::function<void(const std::string&)>& on_line = {});
 

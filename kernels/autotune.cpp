@@ -5,7 +5,8 @@
 // One file serves every device and build; an entry is used only by the device and build that wrote
 // it. Readers never lock: writers replace the file by rename, so a reader sees the old or the new
 // file, never half of one. Writers serialize on flock(path + ".lock") and re-read the file under the
-// lock, so two processes storing different keys at once keep both.
+// lock, so two processes storing different keys at once keep both; under the lock they also
+// remove the temp files of writers that were killed before their rename.
 
 #include "kernels/autotune.h"
 
@@ -127,6 +128,23 @@ std::string write_atomically(const std::string& path, const std::string& text) {
     ::close(dir_fd);
   }
   return {};
+}
+
+//! Removes the temp files of writers that died between creating and renaming theirs (SIGKILL, the
+//! OOM killer): without this each such death leaves a cache-sized file behind for good. Call it
+//! only under the writers' lock: every writer holds the lock from creating its temp file to
+//! renaming it, so a temp file seen under the lock belongs to nobody alive.
+void remove_dead_temp_files(const std::string& path) {
+  const std::filesystem::path cache(path);
+  const std::string prefix = cache.filename().string() + ".tmp.";
+  constexpr std::size_t kSuffixLength = 6;  // mkstemp's XXXXXX
+  std::error_code error;
+  std::filesystem::directory_iterator listing(cache.parent_path().empty() ? "." : cache.parent_path(), error);
+  if (error) return;  // the write that follows reports what is wrong with the folder
+  for (const auto& file : listing) {
+    const std::string name = file.path().filename().string();
+    if (name.size() == prefix.size() + kSuffixLength && name.starts_with(prefix)) ::unlink(file.path().c_str());
+  }
 }
 
 //! Holds an exclusive flock on a sidecar lock file for its lifetime.
@@ -276,18 +294,21 @@ Autotuner::Resolved Autotuner::resolve(const AutotuneKey& key, const std::vector
 bool Autotuner::lookup_disk(const std::string& key, const std::vector<std::string>& candidates, Resolved& found) {
   std::vector<std::string> problems;
   const std::vector<json> entries = read_cache_entries(cache_path_, &problems);
+  // Entries of this key that cannot serve this call. Other devices' and builds' entries belong in
+  // a shared cache: they are worth a diagnostic only when they are all there is for the key.
+  std::vector<std::string> unusable;
   bool hit = false;
   for (const json& entry : entries) {
     if (hit || entry["key"] != key) continue;
     const std::string device = entry["device"], build = entry["build"], config = entry["config"];
     if (device != options_.device_identity) {
-      problems.push_back("autotune cache " + cache_path_ + ": entry for " + key + " is for device \"" + device + "\", not \"" +
+      unusable.push_back("autotune cache " + cache_path_ + ": entry for " + key + " is for device \"" + device + "\", not \"" +
                          options_.device_identity + "\": ignored");
     } else if (build != options_.build_identity) {
-      problems.push_back("autotune cache " + cache_path_ + ": entry for " + key + " is from build \"" + build + "\", not \"" +
+      unusable.push_back("autotune cache " + cache_path_ + ": entry for " + key + " is from build \"" + build + "\", not \"" +
                          options_.build_identity + "\": ignored");
     } else if (!contains(candidates, config)) {
-      problems.push_back("autotune cache " + cache_path_ + ": entry for " + key + " has config \"" + config +
+      unusable.push_back("autotune cache " + cache_path_ + ": entry for " + key + " has config \"" + config +
                          "\", not among the current candidates: ignored");
     } else {
       hit = true;
@@ -301,6 +322,7 @@ bool Autotuner::lookup_disk(const std::string& key, const std::vector<std::strin
       }
     }
   }
+  if (!hit) problems.insert(problems.end(), unusable.begin(), unusable.end());
   for (std::string& problem : problems) add_diagnostic(std::move(problem));
   return hit;
 }
@@ -320,6 +342,7 @@ void Autotuner::store_disk(const std::string& key, const Resolved& resolved) {
     add_diagnostic("autotune cache: " + lock.error() + ": result not saved");
     return;
   }
+  remove_dead_temp_files(cache_path_);
   // Re-read under the lock: entries other processes wrote since our lookup must survive.
   // Damaged parts were reported at lookup and are dropped here.
   json entries = json::array();

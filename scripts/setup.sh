@@ -14,7 +14,7 @@ torch_version=2.11.0
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 debs=(build-essential cmake ninja-build git python3 python3-venv libsqlite3-dev libcli11-dev
-      libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 ccache)
+      libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 ccache chromium)
 if [[ "${HARNESS_SKIP_APT:-0}" != 1 ]]; then
   missing=()
   for p in "${debs[@]}"; do
@@ -31,7 +31,7 @@ fi
 if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
   log "installing torch==$torch_version into $venv (a few GB, once)"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version"
+  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version" pandas matplotlib nbconvert nbclient ipykernel
 fi
 torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 

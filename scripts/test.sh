@@ -7,3 +7,4 @@ build_dir=${BUILD_DIR:-$root/build}
 "$root/scripts/setup.sh"
 cd "$build_dir"
 ctest --output-on-failure "$@"
+"$root/scripts/tsan.sh"  # ThreadSanitizer over the autotuner and the race experiment (torch-free build-tsan/)

@@ -308,7 +308,7 @@ TEST_CASE("a spec with several problems reports all of them", "[spec]") {
   CHECK(has_issue(issues, "dims.head_dim", "unsupported head_dim 80; supported: 64, 128"));
   CHECK(has_issue(issues, "dims.heads", "heads (32) must be a multiple of kv_heads (6)"));
   CHECK(has_issue(issues, "mask.in_block", "unknown in_block \"sideways\""));
-  CHECK(has_issue(issues, "variants.fused.impl", "unknown impl \"flash\"; known: fused, dense"));
+  CHECK(has_issue(issues, "variants.fused.impl", "unknown impl \"flash\" for kind attention_step; known: fused, dense"));
   CHECK(has_issue(issues, "repeats", "expected a positive integer, got 0 (number)"));
   CHECK(has_issue(issues, "verdict.0.if", "expected a number with an optional unit"));
   CHECK(has_issue(issues, "verdict", "no final {\"else\": ...} clause"));

@@ -5,15 +5,21 @@
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <csignal>
 #include <cmath>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
 #include "experiments/kinds/memory.h"
+#include "harness/common.h"
 #include "kernels/attention.h"
 #include "kernels/mask_desc.h"
+#include "replay/capsule.h"
 
 namespace harness::kinds {
 namespace {
@@ -24,23 +30,60 @@ at::ScalarType scalar_type(const std::string& dtype) {
   return at::kFloat;
 }
 
-// One layer's tensors. Inputs are drawn in fp32 on the CPU from a seeded generator and then cast
-// and moved, so every variant and every device sees the same numbers.
+// One layer's tensors on the trial's device.
 struct LayerInputs {
   at::Tensor q, k, v, grad_out;
 };
 
-LayerInputs make_inputs(const spec::Spec& spec, int64_t layer, const at::Device& device) {
+// The step's inputs on the CPU in the spec's dtype. They are drawn in fp32 on the CPU from a
+// generator seeded by the spec's seed and the layer, then cast, so every variant and every device
+// sees the same numbers (casting on the CPU or the GPU rounds alike).
+replay::StepTensors make_step(const spec::Spec& spec, const kernels::ResolvedMask& mask, const std::string& fault) {
   const auto& d = spec.dims;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(spec.seed * 1000003ULL + static_cast<uint64_t>(layer));
   const auto cpu = at::TensorOptions().dtype(at::kFloat);
-  const auto to_device = [&](const at::Tensor& t) { return t.to(device, scalar_type(spec.dtype)); };
-  LayerInputs in;
-  in.q = to_device(at::randn({d.batch, d.heads, d.q_len(), d.head_dim}, gen, cpu));
-  in.k = to_device(at::randn({d.batch, d.kv_heads, d.kv_len(), d.head_dim}, gen, cpu));
-  in.v = to_device(at::randn({d.batch, d.kv_heads, d.kv_len(), d.head_dim}, gen, cpu));
-  in.grad_out = to_device(at::randn({d.batch, d.heads, d.q_len(), d.head_dim}, gen, cpu));
-  return in;
+  replay::StepTensors step;
+  for (int64_t layer = 0; layer < spec.layers; ++layer) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(spec.seed * 1000003ULL + static_cast<uint64_t>(layer));
+    const auto draw = [&](int64_t heads, int64_t length) {
+      return at::randn({d.batch, heads, length, d.head_dim}, gen, cpu).to(scalar_type(spec.dtype));
+    };
+    step.q.push_back(draw(d.heads, d.q_len()));
+    step.k.push_back(draw(d.kv_heads, d.kv_len()));
+    step.v.push_back(draw(d.kv_heads, d.kv_len()));
+    step.grad_out.push_back(draw(d.heads, d.q_len()));
+  }
+  if (fault == "nan") {
+    // Test-only: data that overflows inside the step, as a bad batch would. Query 0 of head 0 is
+    // near the dtype's largest value and the keys of KV head 0 are all 1, so its fp32 scores are
+    // +inf and its softmax NaN; the inputs stay finite (in fp16, 3e38 is itself Inf).
+    step.q[0].select(0, 0).select(0, 0).select(0, 0).fill_(3.0e38);
+    step.k[0].select(0, 0).select(0, 0).fill_(1.0);
+  }
+  if (mask.kind == kernels::MaskKind::dflash) step.anchors = mask.anchors;
+  step.doc_id = mask.doc_id;
+  return step;
+}
+
+// The resolved mask of a replayed step: the spec's description, with the recorded anchors and
+// document ids (a Python step carries its own) in place of the ones drawn from it.
+kernels::ResolvedMask replayed_mask(const spec::Spec& spec, const replay::StepTensors& step) {
+  kernels::ResolvedMask mask = kernels::resolve_mask(spec.mask, spec.dims);
+  if (step.anchors) mask.anchors = *step.anchors;
+  if (step.doc_id) mask.doc_id = *step.doc_id;
+  return mask;
+}
+
+at::Tensor rng_state(const at::Device& device) {
+  at::Generator generator = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void restore_rng_state(const at::Device& device, const at::Tensor& state) {
+  if (!state.defined()) return;
+  at::Generator generator = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
 }
 
 [[noreturn]] void inject_fault(const std::string& fault, const at::Device& device) {
@@ -61,12 +104,13 @@ double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   return diff.max().item<double>();
 }
 
-struct StepTensors {
+// One layer's output and gradients.
+struct LayerOutputs {
   at::Tensor out, dq, dk, dv;
 };
 
 // One forward+backward of the dense reference on copies of the inputs in `dtype`.
-StepTensors dense_step(const LayerInputs& in, kernels::MaskContext& mask, at::ScalarType dtype, double scale) {
+LayerOutputs dense_step(const LayerInputs& in, kernels::MaskContext& mask, at::ScalarType dtype, double scale) {
   auto q = in.q.detach().to(dtype).requires_grad_(true);
   auto k = in.k.detach().to(dtype).requires_grad_(true);
   auto v = in.v.detach().to(dtype).requires_grad_(true);
@@ -78,11 +122,11 @@ StepTensors dense_step(const LayerInputs& in, kernels::MaskContext& mask, at::Sc
 // Compares the variant's layer-0 tensors with an fp32 reference; the allowance is relative to
 // the error the dense path makes in the same low precision (STYLE.md).
 void check_against_reference(const spec::Spec& spec, const std::string& impl, const LayerInputs& in,
-                             const StepTensors& got, kernels::MaskContext& mask, double scale,
+                             const LayerOutputs& got, kernels::MaskContext& mask, double scale,
                              std::vector<MetricValue>& metrics) {
-  const StepTensors reference = dense_step(in, mask, at::kFloat, scale);
+  const LayerOutputs reference = dense_step(in, mask, at::kFloat, scale);
   const at::ScalarType dtype = scalar_type(spec.dtype);
-  const StepTensors lowp = impl == "dense" ? got : dense_step(in, mask, dtype, scale);
+  const LayerOutputs lowp = impl == "dense" ? got : dense_step(in, mask, dtype, scale);
   const std::pair<const char*, std::pair<at::Tensor, std::pair<at::Tensor, at::Tensor>>> rows[] = {
       {"out", {got.out, {lowp.out, reference.out}}},
       {"dq", {got.dq, {lowp.dq, reference.dq}}},
@@ -104,18 +148,139 @@ void check_against_reference(const spec::Spec& spec, const std::string& impl, co
   metrics.push_back({"match", match ? 1.0 : 0.0, "", -1});
 }
 
+// Non-finite values found in the step: the first tensor (in the order the step makes them) that has any.
+class NonfiniteError : public std::runtime_error {
+ public:
+  NonfiniteError(const std::string& message, nlohmann::json where) : std::runtime_error(message), where_(std::move(where)) {}
+  const nlohmann::json& where() const { return where_; }
+
+ private:
+  nlohmann::json where_;
+};
+
+// Throws NonfiniteError when `tensor` has a NaN or Inf. A sum in fp64 is non-finite exactly when
+// an element is (finite bf16/fp32 values cannot overflow it: at most 3.4e38 x 1e9 elements), and
+// needs one reduction instead of a bool tensor as large as the input; counting happens only when
+// something was found.
+void check_finite(const at::Tensor& tensor, const std::string& name, const std::string& phase, int64_t layer,
+                  int iteration) {
+  if (std::isfinite(tensor.sum(at::kDouble).item<double>())) return;
+  const at::Tensor flat = tensor.detach().flatten();
+  const int64_t nan_count = at::isnan(flat).sum().item<int64_t>();
+  const int64_t inf_count = at::isinf(flat).sum().item<int64_t>();
+  int64_t first = at::logical_not(at::isfinite(flat)).to(at::kByte).argmax().item<int64_t>();
+  std::vector<int64_t> index(static_cast<size_t>(tensor.dim()));
+  for (int64_t dim = tensor.dim() - 1; dim >= 0; --dim) {
+    index[static_cast<size_t>(dim)] = first % tensor.size(dim);
+    first /= tensor.size(dim);
+  }
+  const std::string phase_words = phase == "fwd" ? "forward" : phase == "bwd" ? "backward" : "inputs";
+  std::string at_text;
+  for (size_t i = 0; i < index.size(); ++i) at_text += (i ? ", " : "") + std::to_string(index[i]);
+  throw NonfiniteError("non-finite values in " + name + " of layer " + std::to_string(layer) + " (" + phase_words +
+                           "): " + std::to_string(nan_count) + " NaN, " + std::to_string(inf_count) +
+                           " Inf; first at [" + at_text + "]",
+                       {{"tensor", name},
+                        {"phase", phase},
+                        {"layer", layer},
+                        {"iteration", iteration},
+                        {"nan", nan_count},
+                        {"inf", inf_count},
+                        {"first_index", index}});
+}
+
+// What the trial recorded besides its result, kept outside it so that it survives an exception:
+// the capsule of its inputs and, for a capsule that is kept, the outputs it produced.
+struct StepRecord {
+  std::optional<replay::WrittenCapsule> capsule;
+  std::string capsule_error;       // why no capsule could be written (the step runs anyway)
+  replay::NamedTensors outputs;    // CPU copies of the last iteration's outputs and gradients
+};
+
+// Writes the capsule of the step's inputs before the step runs, and names it in the marker beside
+// the result file, so that the parent finds it even when the step kills the process.
+void record_capsule(const spec::Spec& spec, const TrialContext& context, const replay::StepTensors& step,
+                    StepRecord& record) {
+  nlohmann::json header = {{"role", "step"},
+                           {"source", "trial"},
+                           {"spec", spec.resolved},
+                           {"variant", context.variant},
+                           {"device", context.device},
+                           {"env_id", ""},
+                           {"seeds",
+                            {{"inputs", spec.seed},
+                             {"mask", spec.mask.seed},
+                             {"inputs_rule", "layer L: CPU generator seeded with seed*1000003+L, randn fp32 in the order "
+                                             "q, k, v, grad_out, then cast to the dtype"}}}};
+  try {
+    record.capsule = replay::write_capsule(context.artifact_dir, std::move(header), replay::step_tensors(step),
+                                           replay::kStepExtension);
+    if (!context.result_path.empty())
+      write_file_atomic(replay::capsule_sidecar_path(context.result_path),
+                        nlohmann::json{{"kind", "capsule"},
+                                       {"sha256", record.capsule->sha256},
+                                       {"path", record.capsule->path},
+                                       {"bytes", record.capsule->bytes}}
+                            .dump());
+  } catch (const std::exception& error) {
+    record.capsule_error = error.what();
+  }
+}
+
+void keep_outputs(StepRecord& record, const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& qs,
+                  const std::vector<at::Tensor>& ks, const std::vector<at::Tensor>& vs) {
+  if (!record.capsule) return;
+  record.outputs.clear();
+  for (size_t layer = 0; layer < outs.size(); ++layer) {
+    const auto index = static_cast<int64_t>(layer);
+    record.outputs.emplace_back(replay::layer_tensor_name("out", index), outs[layer].detach().to(at::kCPU));
+    const std::pair<const char*, at::Tensor> grads[] = {{"dq", qs[layer].grad()}, {"dk", ks[layer].grad()},
+                                                        {"dv", vs[layer].grad()}};
+    for (const auto& [name, grad] : grads)
+      if (grad.defined()) record.outputs.emplace_back(replay::layer_tensor_name(name, index), grad.to(at::kCPU));
+  }
+}
+
 TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const at::Device& device,
-                     int64_t memory_limit_bytes, kernels::DispatchTrace& trace) {
+                     const TrialContext& context, kernels::DispatchTrace& trace, StepRecord& record) {
   TrialResult result;
   MemoryMeter meter(device);
   watch_cuda_oom(device);
-  if (memory_limit_bytes > 0) set_memory_limit(device, memory_limit_bytes);
+  if (context.memory_limit_bytes > 0) set_memory_limit(device, context.memory_limit_bytes);
   const double scale = 1.0 / std::sqrt(static_cast<double>(spec.dims.head_dim));
 
-  kernels::MaskContext mask(kernels::resolve_mask(spec.mask, spec.dims));
+  // Fresh inputs (recorded in a capsule before the step runs), or the ones a capsule recorded.
+  std::optional<kernels::MaskContext> mask;
   std::vector<LayerInputs> inputs;
-  for (int64_t layer = 0; layer < spec.layers; ++layer) inputs.push_back(make_inputs(spec, layer, device));
-  if (!variant.fault.empty()) inject_fault(variant.fault, device);
+  {
+    replay::StepTensors step;
+    if (context.replay_capsule.empty()) {
+      kernels::ResolvedMask resolved = kernels::resolve_mask(spec.mask, spec.dims);
+      step = make_step(spec, resolved, variant.fault);
+      step.cpu_rng_state = rng_state(at::Device(at::kCPU));
+      if (device.is_cuda()) step.cuda_rng_state = rng_state(device);
+      if (!context.artifact_dir.empty()) record_capsule(spec, context, step, record);
+      mask.emplace(std::move(resolved));
+    } else {
+      const replay::CapsuleInfo info = replay::inspect_capsule(context.replay_capsule, /*verify_payload=*/false);
+      step = replay::load_step(info, spec);
+      record.capsule = replay::WrittenCapsule{info.sha256, info.path, info.file_bytes, false};
+      restore_rng_state(at::Device(at::kCPU), step.cpu_rng_state);
+      if (device.is_cuda()) restore_rng_state(device, step.cuda_rng_state);
+      mask.emplace(replayed_mask(spec, step));
+    }
+    for (size_t layer = 0; layer < step.q.size(); ++layer)
+      inputs.push_back({step.q[layer].to(device), step.k[layer].to(device), step.v[layer].to(device),
+                        step.grad_out[layer].to(device)});
+  }
+  for (size_t layer = 0; layer < inputs.size(); ++layer) {
+    const auto index = static_cast<int64_t>(layer);
+    check_finite(inputs[layer].q, "q", "input", index, 0);
+    check_finite(inputs[layer].k, "k", "input", index, 0);
+    check_finite(inputs[layer].v, "v", "input", index, 0);
+    check_finite(inputs[layer].grad_out, "grad_out", "input", index, 0);
+  }
+  if (!variant.fault.empty() && variant.fault != "nan") inject_fault(variant.fault, device);
 
   kernels::AttentionOptions options;
   options.impl = variant.impl == "dense" ? kernels::AttentionImpl::dense : kernels::AttentionImpl::fused;
@@ -125,10 +290,11 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
   // tiles (and build their BlockMasks at that granularity), named in the dispatch trace.
   options.cpu_tiles = {spec.mask_block, spec.mask_block};
 
-  StepTensors layer0;
+  LayerOutputs layer0;
   PhaseTimer timer(device);
   for (int iteration = 0; iteration < spec.warmup + spec.repeats; ++iteration) {
     const bool measured = iteration >= spec.warmup;
+    const bool last = iteration + 1 == spec.warmup + spec.repeats;
     const int repeat = iteration - spec.warmup;
     std::vector<at::Tensor> qs, ks, vs, outs, grads;
     for (const auto& in : inputs) {
@@ -142,9 +308,16 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
     const int64_t before_fwd = meter.current();
     timer.start();
     for (size_t layer = 0; layer < inputs.size(); ++layer)
-      outs.push_back(kernels::attention(qs[layer], ks[layer], vs[layer], mask, options));
+      outs.push_back(kernels::attention(qs[layer], ks[layer], vs[layer], *mask, options));
     const double fwd_ms = timer.stop();
     const int64_t fwd_peak = meter.peak() - before_fwd;
+    try {
+      for (size_t layer = 0; layer < outs.size(); ++layer)
+        check_finite(outs[layer], "out", "fwd", static_cast<int64_t>(layer), iteration);
+    } catch (const NonfiniteError&) {
+      keep_outputs(record, outs, qs, ks, vs);
+      throw;
+    }
 
     synchronize(device);
     meter.reset_peak();
@@ -153,6 +326,17 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
     torch::autograd::backward(outs, grads);
     const double bwd_ms = timer.stop();
     const int64_t bwd_peak = meter.peak() - before_bwd;
+    try {
+      for (size_t layer = 0; layer < outs.size(); ++layer) {
+        const auto index = static_cast<int64_t>(layer);
+        check_finite(qs[layer].grad(), "dq", "bwd", index, iteration);
+        check_finite(ks[layer].grad(), "dk", "bwd", index, iteration);
+        check_finite(vs[layer].grad(), "dv", "bwd", index, iteration);
+      }
+    } catch (const NonfiniteError&) {
+      keep_outputs(record, outs, qs, ks, vs);
+      throw;
+    }
 
     if (measured) {
       result.metrics.push_back({"fwd_peak_bytes", static_cast<double>(fwd_peak), "bytes", repeat});
@@ -160,69 +344,66 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
       result.metrics.push_back({"fwd_ms", fwd_ms, "ms", repeat});
       result.metrics.push_back({"bwd_ms", bwd_ms, "ms", repeat});
     }
-    if (iteration + 1 == spec.warmup + spec.repeats)
+    if (last) {
       layer0 = {outs[0].detach(), qs[0].grad(), ks[0].grad(), vs[0].grad()};
+      keep_outputs(record, outs, qs, ks, vs);
+    }
   }
   // The reference check is the harness's, not the experiment's: it runs without the cap.
-  if (memory_limit_bytes > 0) set_memory_limit(device, 0);
-  if (spec.check) check_against_reference(spec, variant.impl, inputs[0], layer0, mask, scale, result.metrics);
+  if (context.memory_limit_bytes > 0) set_memory_limit(device, 0);
+  if (spec.check) check_against_reference(spec, variant.impl, inputs[0], layer0, *mask, scale, result.metrics);
   return result;
+}
+
+// Keeps the capsule (and writes the outputs beside it) when the trial failed or capsules are kept;
+// otherwise removes the capsule this trial created, and its marker.
+void finish_capsule(TrialResult& result, StepRecord& record, const TrialContext& context) {
+  if (!record.capsule_error.empty()) result.details["capsule_error"] = record.capsule_error;
+  if (!record.capsule) return;
+  const bool mismatch = std::any_of(result.metrics.begin(), result.metrics.end(),
+                                    [](const MetricValue& m) { return m.name == "match" && m.value == 0.0; });
+  const bool failed = (result.status != "ok" && result.status != "unsupported") || mismatch;
+  const replay::WrittenCapsule& capsule = *record.capsule;
+  if (!failed && !context.keep_capsules) {
+    if (capsule.created) ::unlink(capsule.path.c_str());
+    if (!context.result_path.empty()) ::unlink(replay::capsule_sidecar_path(context.result_path).c_str());
+    return;
+  }
+  result.artifacts.push_back({"capsule", capsule.sha256, capsule.path, capsule.bytes});
+  if (record.outputs.empty() || context.artifact_dir.empty()) return;
+  try {
+    const nlohmann::json header = {{"role", "outputs"}, {"of", capsule.sha256}, {"variant", context.variant},
+                                   {"device", context.device}, {"status", result.status}};
+    const replay::WrittenCapsule outputs =
+        replay::write_capsule(context.artifact_dir, header, record.outputs, replay::kOutputsExtension);
+    result.artifacts.push_back({"outputs", outputs.sha256, outputs.path, outputs.bytes});
+  } catch (const std::exception& error) {
+    result.details["outputs_error"] = error.what();
+  }
 }
 
 }  // namespace
 
-nlohmann::json to_json(const TrialResult& result) {
-  nlohmann::json json;
-  json["status"] = result.status;
-  json["error"] = result.error;
-  if (result.requested_bytes) json["requested_bytes"] = *result.requested_bytes;
-  json["metrics"] = nlohmann::json::array();
-  for (const auto& m : result.metrics)
-    json["metrics"].push_back({{"name", m.name}, {"value", m.value}, {"unit", m.unit}, {"repeat", m.repeat}});
-  // Every call records its decision; identical decisions (warm-up, repeats, layers) are kept
-  // once with their count, in the order they first happened.
-  json["dispatch"] = nlohmann::json::array();
-  for (const auto& d : result.dispatch) {
-    const nlohmann::json record = {
-        {"op", d.op}, {"impl", d.impl}, {"device", d.device}, {"reason", d.reason}, {"config", d.config}};
-    auto same = std::find_if(json["dispatch"].begin(), json["dispatch"].end(), [&](const nlohmann::json& seen) {
-      return seen["op"] == record["op"] && seen["impl"] == record["impl"] && seen["device"] == record["device"] &&
-             seen["reason"] == record["reason"] && seen["config"] == record["config"];
-    });
-    if (same != json["dispatch"].end()) {
-      (*same)["calls"] = (*same)["calls"].get<int>() + 1;
-    } else {
-      json["dispatch"].push_back(record);
-      json["dispatch"].back()["calls"] = 1;
-    }
-  }
-  return json;
-}
-
-TrialResult trial_result_from_json(const nlohmann::json& json) {
-  TrialResult result;
-  result.status = json.at("status").get<std::string>();
-  result.error = json.value("error", "");
-  if (json.contains("requested_bytes")) result.requested_bytes = json.at("requested_bytes").get<int64_t>();
-  for (const auto& m : json.value("metrics", nlohmann::json::array()))
-    result.metrics.push_back({m.at("name").get<std::string>(), m.at("value").get<double>(),
-                              m.value("unit", ""), m.value("repeat", -1)});
-  for (const auto& d : json.value("dispatch", nlohmann::json::array()))
-    result.dispatch.push_back({d.value("op", ""), d.value("impl", ""), d.value("device", ""),
-                               d.value("reason", ""), d.value("config", "")});
-  return result;
-}
-
-TrialResult run_attention_step(const spec::Spec& spec, const std::string& variant_name, const std::string& device_name,
-                               int64_t memory_limit_bytes) {
+TrialResult run_attention_step(const spec::Spec& spec, const TrialContext& context) {
   const auto found = std::find_if(spec.variants.begin(), spec.variants.end(),
-                                  [&](const spec::Variant& v) { return v.name == variant_name; });
-  if (found == spec.variants.end()) throw std::invalid_argument("unknown variant '" + variant_name + "'");
-  const at::Device device(device_name);
+                                  [&](const spec::Variant& v) { return v.name == context.variant; });
+  if (found == spec.variants.end()) throw std::invalid_argument("unknown variant '" + context.variant + "'");
+  const at::Device device(context.device);
   kernels::DispatchTrace trace;
+  StepRecord record;
   TrialResult result;
   try {
-    result = run_step(spec, *found, device, memory_limit_bytes, trace);
+    result = run_step(spec, *found, device, context, trace, record);
+  } catch (const NonfiniteError& error) {
+    result = {};
+    result.status = "nonfinite";
+    result.error = error.what();
+    result.details["nonfinite"] = error.where();
+  } catch (const replay::CapsuleError& error) {
+    result = {};
+    result.status = "error";
+    result.error = error.what();
+    result.details["capsule_error"] = error.what();
   } catch (const c10::OutOfMemoryError& error) {
     result = {};
     result.status = "oom";
@@ -249,6 +430,7 @@ TrialResult run_attention_step(const spec::Spec& spec, const std::string& varian
     result.error = error.what();
   }
   result.dispatch = trace.records();
+  finish_capsule(result, record, context);
   return result;
 }
 

@@ -1,0 +1,35 @@
+#include "experiments/kinds/registry.h"
+
+namespace harness::kinds {
+
+const std::vector<KindInfo>& all_kinds() {
+  static const std::vector<KindInfo> kinds = {attention_step_kind(), autotune_race_kind(), cache_corruption_kind(),
+                                              python_kind()};
+  return kinds;
+}
+
+const KindInfo* find_kind(const std::string& name) {
+  for (const KindInfo& kind : all_kinds()) {
+    if (kind.name == name) return &kind;
+  }
+  return nullptr;
+}
+
+KindInfo attention_step_kind() {
+  KindInfo kind;
+  kind.name = "attention_step";
+  kind.summary = "one forward and backward of the drafter attention, variants compared";
+  kind.attention = true;
+  kind.impls = {"fused", "dense"};
+  kind.measures = {"fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms",         "bwd_ms",         "max_abs_err",
+                   "out_max_abs_err", "dq_max_abs_err", "dk_max_abs_err", "dv_max_abs_err", "dispatch"};
+  kind.default_measures = {"fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms", "bwd_ms", "max_abs_err", "dispatch"};
+  kind.verdict_metrics = {"fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms",         "bwd_ms",         "match",
+                          "out_max_abs_err", "dq_max_abs_err", "dk_max_abs_err", "dv_max_abs_err", "max_abs_err"};
+  kind.check_params = [](const nlohmann::json& params, ParamIssues& issues) {
+    if (!params.empty()) issues.emplace_back("params", "attention_step takes no params; its fields are dims and mask");
+  };
+  return kind;
+}
+
+}  // namespace harness::kinds

@@ -1,0 +1,62 @@
+#pragma once
+// What every experiment kind shares inside the trial child: the context a trial runs in and the
+// result it reports to its parent (as JSON in the result file). Torch-free, so that kinds which
+// need no LibTorch (autotune_race, cache_corruption, python) and the parent can use it.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/dispatch.h"
+
+namespace harness::kinds {
+
+//! One measured value of a trial.
+struct MetricValue {
+  std::string name;
+  double value = 0.0;
+  std::string unit;
+  int repeat = -1;  //!< -1 for values measured once
+};
+
+//! A file the trial produced that the parent stores as an artifact (a capsule, a log).
+struct ArtifactRef {
+  std::string kind;    //!< "capsule", "log", ...
+  std::string sha256;  //!< of the file's bytes
+  std::string path;    //!< absolute, or relative to the db's folder
+  int64_t bytes = 0;
+};
+
+//! What a trial child reports to its parent.
+struct TrialResult {
+  std::string status = "ok";  //!< ok, oom, unsupported, error (crashed/timeout are the parent's)
+  std::string error;
+  std::optional<int64_t> requested_bytes;
+  std::vector<MetricValue> metrics;
+  std::vector<kernels::DispatchRecord> dispatch;
+  nlohmann::json details = nlohmann::json::object();  //!< kind-specific evidence (failure list, probe output)
+  std::vector<ArtifactRef> artifacts;
+};
+
+//! Everything a trial needs besides its (per-point, fully resolved) spec.
+struct TrialContext {
+  std::string variant;
+  std::string device;                  //!< "cpu", "cuda:N"
+  std::vector<std::string> devices;    //!< every device of --devices (kinds that use several at once)
+  int64_t memory_limit_bytes = 0;      //!< > 0: cap the device memory of the step
+  bool allow_faults = false;
+  std::string python = "python3";      //!< interpreter of the python kind (--python)
+  std::string artifact_dir;            //!< where capsules go (the db's artifact folder); "" for none
+  bool keep_capsules = false;          //!< keep capsules of trials that succeed
+  std::string result_path;             //!< the result file the parent reads
+  std::string spec_dir;                //!< folder of the spec file (relative paths in params resolve here)
+  std::string replay_capsule;          //!< replay: run the step recorded in this capsule instead of fresh inputs
+};
+
+nlohmann::json to_json(const TrialResult& result);
+TrialResult trial_result_from_json(const nlohmann::json& json);
+
+}  // namespace harness::kinds

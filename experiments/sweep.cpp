@@ -1,0 +1,58 @@
+#include "experiments/sweep.h"
+
+namespace harness::spec {
+
+std::vector<nlohmann::json> cross_points(const std::vector<SweepAxis>& axes) {
+  std::vector<nlohmann::json> points = {nlohmann::json::object()};
+  for (const SweepAxis& axis : axes) {
+    std::vector<nlohmann::json> next;
+    next.reserve(points.size() * axis.values.size());
+    for (const nlohmann::json& point : points) {
+      for (const nlohmann::json& value : axis.values) {
+        nlohmann::json extended = point;
+        extended[axis.path] = value;
+        next.push_back(std::move(extended));
+      }
+    }
+    points = std::move(next);
+  }
+  return points;
+}
+
+std::vector<nlohmann::json> sweep_points(const Spec& spec) { return cross_points(spec.sweep); }
+
+void set_path(nlohmann::json& document, const std::string& path, const nlohmann::json& value) {
+  nlohmann::json* target = &document;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (!target->is_object()) *target = nlohmann::json::object();
+    target = &(*target)[part];
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  *target = value;
+}
+
+Spec spec_at_point(const Spec& spec, const nlohmann::json& point) {
+  nlohmann::json resolved = spec.resolved;
+  resolved.erase("sweep");
+  resolved.erase("sweep_order");
+  for (const auto& [path, value] : point.items()) set_path(resolved, path, value);
+  Spec at_point = parse_spec(resolved, spec.source, true);
+  at_point.source = spec.source;
+  return at_point;
+}
+
+std::string point_label(const nlohmann::json& point) {
+  std::string label;
+  for (const auto& [path, value] : point.items()) {
+    const auto dot = path.rfind('.');
+    label += (label.empty() ? "" : " ") + (dot == std::string::npos ? path : path.substr(dot + 1)) + "=" +
+             (value.is_string() ? value.get<std::string>() : value.dump());
+  }
+  return label;
+}
+
+}  // namespace harness::spec

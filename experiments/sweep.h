@@ -1,0 +1,29 @@
+#pragma once
+// Sweeps: a spec's "sweep" crosses the values of any dims, mask or params field (e.g.
+// {"dims.anchors": [128, 256, 512], "dims.layers": [1, 5]}); each combination is a point, and each
+// point is run as its own fully resolved spec. Torch-free.
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "experiments/spec.h"
+
+namespace harness::spec {
+
+//! Every combination of the axes' values, the first axis outermost; each point is an object
+//! {path: value}. No axes: one empty point.
+std::vector<nlohmann::json> cross_points(const std::vector<SweepAxis>& axes);
+//! The points of a spec's sweep ({} alone without a sweep).
+std::vector<nlohmann::json> sweep_points(const Spec& spec);
+//! The spec at one point: the swept fields set to the point's values, the sweep removed, and
+//! validated again (points are validated when the spec is loaded, so this does not fail for
+//! points of sweep_points()).
+Spec spec_at_point(const Spec& spec, const nlohmann::json& point);
+//! "anchors=128 layers=5" (last path component = value); "" for the empty point.
+std::string point_label(const nlohmann::json& point);
+//! Sets `path` ("dims.anchors") in a JSON object, creating objects on the way.
+void set_path(nlohmann::json& document, const std::string& path, const nlohmann::json& value);
+
+}  // namespace harness::spec

@@ -1,0 +1,80 @@
+// `harness writeup RUN|EXPERIMENT [-o report.md] [--html]`: the debugging writeup of a run (or of
+// an experiment's latest run, with its history), as Markdown with SVG plots beside it, or HTML.
+
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "analysis/writeup.h"
+#include "db/store.h"
+#include "harness/cli.h"
+#include "harness/printer.h"
+
+namespace harness {
+namespace {
+
+struct WriteupArgs {
+  std::string target;
+  std::string output;
+  bool html = false;
+};
+
+int run_writeup(const WriteupArgs& args, const GlobalOptions& options) {
+  namespace fs = std::filesystem;
+  if (!fs::exists(options.db_path)) throw UsageError("no db at " + options.db_path + " (nothing to write up)");
+  if (!args.output.empty()) {
+    const fs::path parent = fs::path(args.output).parent_path();
+    if (!parent.empty() && !fs::is_directory(parent))
+      throw UsageError(fmt::format("-o {}: folder {} does not exist", args.output, parent.string()));
+  }
+  db::Store store(options.db_path);
+  const auto detail = analysis::resolve_writeup_target(store, args.target);
+  const auto writeup = analysis::build_writeup(store, detail, options.db_path);
+
+  if (args.output.empty()) {
+    // No files: the page itself on stdout (plots are only in files, or inline in HTML).
+    if (options.json) {
+      print_json(std::cout, {{"run", writeup.run_id},
+                             {"experiment", writeup.experiment},
+                             {"markdown", analysis::render_markdown(writeup.document, "")}});
+    } else if (args.html) {
+      std::cout << analysis::render_html(writeup.document);
+    } else {
+      std::cout << analysis::render_markdown(writeup.document, "");
+    }
+    return kExitOk;
+  }
+  const auto files = analysis::write_writeup(writeup, args.output, args.html);
+  if (options.json) {
+    print_json(std::cout, {{"run", writeup.run_id},
+                           {"experiment", writeup.experiment},
+                           {"markdown", files.markdown},
+                           {"html", files.html.empty() ? nlohmann::json() : nlohmann::json(files.html)},
+                           {"figures", files.figures}});
+    return kExitOk;
+  }
+  std::cout << fmt::format("writeup of run {} ({}):\n  {}\n", writeup.run_id, writeup.experiment, files.markdown);
+  if (!files.html.empty()) std::cout << "  " << files.html << '\n';
+  for (const auto& figure : files.figures) std::cout << "  " << figure << '\n';
+  return kExitOk;
+}
+
+}  // namespace
+
+Action add_writeup_command(CLI::App& app, GlobalOptions& options) {
+  auto args = std::make_shared<WriteupArgs>();
+  auto* command = app.add_subcommand(
+      "writeup", "Debugging writeup of a run, or of an experiment's latest run with its history: Markdown (plots as "
+                 "SVG beside it) or HTML");
+  command->add_option("target", args->target, "Run id, or experiment name (its latest finished run)")->required();
+  command->add_option("-o,--output", args->output,
+                      "Write the report here (report.md; report.html implies --html) with plots as report-*.svg; "
+                      "without it the report goes to stdout, without plot files");
+  command->add_flag("--html", args->html, "Also write HTML with the plots embedded (to stdout without -o)");
+  add_global_options(*command, options);
+  return [args, &options] { return run_writeup(*args, options); };
+}
+
+}  // namespace harness

@@ -1,0 +1,89 @@
+#pragma once
+// What `run` and `replay` share: a scratch folder, the device probe, the `__trial` command line,
+// and turning how a trial child ended into db rows. Torch-free: the parent never touches CUDA.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "db/store.h"
+#include "harness/common.h"
+#include "harness/trial_runner.h"
+
+namespace harness {
+
+//! A temporary folder for resolved specs and result files, removed (recursively) when destroyed.
+class ScratchDir {
+ public:
+  ScratchDir();
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  //! Path of `name` inside the folder.
+  std::string file(const std::string& name) const;
+
+ private:
+  std::string path_;
+};
+
+//! Removes a file tree with nftw (std::filesystem::remove_all is interposed by libtorch.so).
+void remove_tree(const std::string& path);
+
+//! Checks "cpu", "cuda", "cuda:N" or "auto"; UsageError naming `option` otherwise.
+void check_device_syntax(const std::string& device, const std::string& option = "--device");
+//! Parses "cuda:0,cuda:1" into devices (no duplicates, no "auto"); UsageError naming the bad entry.
+std::vector<std::string> parse_device_list(const std::string& list);
+
+//! Asks a child (`harness __env`) for the device's fingerprint. Returns {resolved device, env}.
+//! UsageError when the device does not exist; InfraError when the probe fails otherwise.
+std::pair<std::string, nlohmann::json> probe_device(const std::string& device, const GlobalOptions& options,
+                                                    const ScratchDir& scratch, double timeout_s);
+
+//! What a `__trial` child is started with.
+struct TrialLaunch {
+  std::string spec_file;      //!< the resolved spec of one point
+  std::string variant;
+  std::string device;
+  std::vector<std::string> devices;  //!< all devices of the run (kinds that use several)
+  std::string result_path;
+  int64_t memory_limit_bytes = 0;
+  bool allow_faults = false;
+  std::string python;         //!< "" for the default
+  std::string spec_dir;
+  std::string artifact_dir;
+  bool keep_capsules = false;
+  std::string replay_capsule;
+  double timeout_s = 600.0;
+};
+
+//! The child command for a trial.
+ChildCommand trial_command(const TrialLaunch& launch, const GlobalOptions& options);
+
+//! A finished trial as db rows: the trial, its metrics and artifacts (artifact paths relative to
+//! the db's folder).
+struct RecordedTrial {
+  db::Trial trial;
+  std::vector<db::Metric> metrics;
+  std::vector<db::Artifact> artifacts;
+};
+
+//! Turns how the child ended (and its result file, if any) into db rows for `variant` at `point`.
+RecordedTrial record_trial(const std::string& variant, const nlohmann::json& point, const ChildOutcome& outcome,
+                           const std::string& result_path, const std::string& db_path);
+
+//! Stores a recorded trial and its artifacts; fills the ids.
+void store_trial(db::Store& store, int64_t run_id, RecordedTrial& recorded);
+
+//! The folder where trials of runs stored in `db_path` write their artifacts (capsules):
+//! "<db folder>/artifacts".
+std::string artifact_dir_for(const std::string& db_path);
+
+//! Whether a trial status is a failure of the trial itself (not an outcome such as oom).
+bool trial_failed(const std::string& status);
+
+//! Whether HARNESS_ALLOW_FAULTS=1 (test-only fault injection).
+bool faults_allowed();
+
+}  // namespace harness

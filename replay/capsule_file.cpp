@@ -1,0 +1,532 @@
+#include "replay/capsule_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <thread>
+
+#include "db/store.h"
+
+namespace harness::replay {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The preamble line is short; a file whose first line is longer is not a capsule.
+constexpr size_t kMaxPreambleBytes = 128;
+
+// A file descriptor closed on scope exit.
+class File {
+ public:
+  File(const std::string& path, int flags, mode_t mode = 0) : path_(path), fd_(::open(path.c_str(), flags, mode)) {}
+  ~File() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  int fd() const { return fd_; }
+  bool ok() const { return fd_ >= 0; }
+
+  // Reads exactly `bytes` at `offset`; false when the file ends first.
+  bool read_at(void* out, size_t bytes, int64_t offset) const {
+    auto* cursor = static_cast<char*>(out);
+    while (bytes > 0) {
+      const ssize_t got = ::pread(fd_, cursor, bytes, offset);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return false;
+      cursor += got;
+      bytes -= static_cast<size_t>(got);
+      offset += got;
+    }
+    return true;
+  }
+
+  void write_all(const void* data, size_t bytes) const {
+    const auto* cursor = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t put = ::write(fd_, cursor, bytes);
+      if (put < 0 && errno == EINTR) continue;
+      if (put < 0) throw CapsuleError(path_ + ": write failed (" + std::strerror(errno) + ")");
+      cursor += put;
+      bytes -= static_cast<size_t>(put);
+    }
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+int64_t align_up(int64_t value) { return (value + kCapsuleAlignment - 1) / kCapsuleAlignment * kCapsuleAlignment; }
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t extent : shape) count *= extent;
+  return count;
+}
+
+bool is_sha256_hex(const std::string& text) {
+  return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+// The preamble for a header of `header_bytes`: the payload offset it names depends on the
+// preamble's own length, which depends on the digits of that offset; two rounds settle it.
+std::pair<std::string, int64_t> make_preamble(int64_t header_bytes) {
+  int64_t payload_offset = 0;
+  std::string line;
+  for (int round = 0; round < 3; ++round) {
+    line = std::string(kCapsuleMagic) + " " + std::to_string(kCapsuleVersion) + " " + std::to_string(header_bytes) +
+           " " + std::to_string(payload_offset) + "\n";
+    const int64_t needed = align_up(static_cast<int64_t>(line.size()) + header_bytes);
+    if (needed == payload_offset) break;
+    payload_offset = needed;
+  }
+  return {line, payload_offset};
+}
+
+TensorEntry parse_entry(const nlohmann::json& json, const std::string& where) {
+  TensorEntry entry;
+  try {
+    entry.name = json.at("name").get<std::string>();
+    entry.dtype = json.at("dtype").get<std::string>();
+    entry.shape = json.at("shape").get<std::vector<int64_t>>();
+    entry.offset = json.at("offset").get<int64_t>();
+    entry.bytes = json.at("bytes").get<int64_t>();
+    entry.sha256 = json.at("sha256").get<std::string>();
+  } catch (const nlohmann::json::exception& error) {
+    throw CapsuleError(where + ": corrupt header: a tensor entry is malformed (" + error.what() + ")");
+  }
+  return entry;
+}
+
+// Decodes element i of a little-endian buffer of `dtype` into a double.
+double element(const std::string& bytes, const std::string& dtype, int64_t i) {
+  const char* at = bytes.data();
+  if (dtype == "bf16") {
+    uint16_t half;
+    std::memcpy(&half, at + 2 * i, 2);
+    const uint32_t bits = static_cast<uint32_t>(half) << 16;
+    float value;
+    std::memcpy(&value, &bits, 4);
+    return value;
+  }
+  if (dtype == "fp16") {
+    uint16_t half;
+    std::memcpy(&half, at + 2 * i, 2);
+    const int sign = (half >> 15) ? -1 : 1;
+    const int exponent = (half >> 10) & 0x1f;
+    const int mantissa = half & 0x3ff;
+    if (exponent == 0) return sign * std::ldexp(mantissa, -24);
+    if (exponent == 31) return mantissa ? std::numeric_limits<double>::quiet_NaN() : sign * std::numeric_limits<double>::infinity();
+    return sign * std::ldexp(mantissa + 1024, exponent - 25);
+  }
+  if (dtype == "fp32") {
+    float value;
+    std::memcpy(&value, at + 4 * i, 4);
+    return value;
+  }
+  if (dtype == "fp64") {
+    double value;
+    std::memcpy(&value, at + 8 * i, 8);
+    return value;
+  }
+  if (dtype == "int32") {
+    int32_t value;
+    std::memcpy(&value, at + 4 * i, 4);
+    return value;
+  }
+  if (dtype == "int64") {
+    int64_t value;
+    std::memcpy(&value, at + 8 * i, 8);
+    return static_cast<double>(value);
+  }
+  if (dtype == "uint8" || dtype == "bool") return static_cast<unsigned char>(at[i]);
+  throw CapsuleError("cannot compare tensors of dtype " + dtype);
+}
+
+template <typename T>
+std::vector<T> integers(const std::string& bytes) {
+  std::vector<T> values(bytes.size() / sizeof(T));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
+  return values;
+}
+
+}  // namespace
+
+const TensorEntry* CapsuleInfo::find(const std::string& name) const {
+  for (const auto& entry : tensors)
+    if (entry.name == name) return &entry;
+  return nullptr;
+}
+
+std::optional<int64_t> dtype_bytes(const std::string& dtype) {
+  if (dtype == "bf16" || dtype == "fp16") return 2;
+  if (dtype == "fp32" || dtype == "int32") return 4;
+  if (dtype == "fp64" || dtype == "int64") return 8;
+  if (dtype == "uint8" || dtype == "bool") return 1;
+  return std::nullopt;
+}
+
+std::string layer_tensor_name(const std::string& tensor, int64_t layer) { return tensor + "." + std::to_string(layer); }
+
+std::string sha256_of(const void* data, size_t bytes) {
+  return db::sha256_hex(std::string(static_cast<const char*>(data), bytes));
+}
+
+std::vector<std::string> sha256_parallel(const std::vector<std::pair<const void*, size_t>>& ranges) {
+  std::vector<std::string> hashes(ranges.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < ranges.size(); i = next++) hashes[i] = sha256_of(ranges[i].first, ranges[i].second);
+  };
+  const size_t threads = std::min<size_t>(ranges.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& thread : pool) thread.join();
+  return hashes;
+}
+
+WrittenCapsule write_capsule_file(const std::string& dir, nlohmann::json header, const std::vector<TensorData>& tensors,
+                                  const std::string& extension) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) throw CapsuleError("cannot create the artifact folder " + dir + ": " + error.message());
+
+  std::vector<std::pair<const void*, size_t>> ranges;
+  for (const auto& tensor : tensors) ranges.emplace_back(tensor.data, static_cast<size_t>(tensor.bytes));
+  const std::vector<std::string> hashes = sha256_parallel(ranges);
+  nlohmann::json entries = nlohmann::json::array();
+  int64_t payload_bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& tensor = tensors[i];
+    payload_bytes = align_up(payload_bytes);
+    entries.push_back({{"name", tensor.name}, {"dtype", tensor.dtype}, {"shape", tensor.shape},
+                       {"offset", payload_bytes}, {"bytes", tensor.bytes}, {"sha256", hashes[i]}});
+    payload_bytes += tensor.bytes;
+  }
+  header["format"] = kCapsuleMagic;
+  header["version"] = kCapsuleVersion;
+  header["tensors"] = entries;
+  header["payload_bytes"] = payload_bytes;
+  const std::string header_text = header.dump();
+  const std::string sha = db::sha256_hex(header_text);
+  const auto [preamble, payload_offset] = make_preamble(static_cast<int64_t>(header_text.size()));
+
+  WrittenCapsule written;
+  written.sha256 = sha;
+  written.path = fs::absolute(fs::path(dir) / (sha + extension)).string();
+  written.bytes = payload_offset + payload_bytes;
+  if (fs::exists(written.path)) return written;  // same name, same content: recorded before
+
+  std::string temporary = (fs::path(dir) / (".capsule-XXXXXX")).string();
+  const int fd = ::mkstemp(temporary.data());
+  if (fd < 0) throw CapsuleError("cannot create a temporary file in " + dir + ": " + std::strerror(errno));
+  ::close(fd);
+  {
+    File out(temporary, O_WRONLY | O_TRUNC);
+    if (!out.ok()) throw CapsuleError("cannot open " + temporary + ": " + std::strerror(errno));
+    try {
+      const std::string zeros(static_cast<size_t>(kCapsuleAlignment), '\0');
+      out.write_all(preamble.data(), preamble.size());
+      out.write_all(header_text.data(), header_text.size());
+      out.write_all(zeros.data(), static_cast<size_t>(payload_offset) - preamble.size() - header_text.size());
+      int64_t position = 0;
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        const int64_t offset = entries[i]["offset"].get<int64_t>();
+        out.write_all(zeros.data(), static_cast<size_t>(offset - position));
+        out.write_all(tensors[i].data, static_cast<size_t>(tensors[i].bytes));
+        position = offset + tensors[i].bytes;
+      }
+    } catch (...) {
+      ::unlink(temporary.c_str());
+      throw;
+    }
+  }
+  // link() fails with EEXIST when another trial wrote the same content meanwhile: theirs stays.
+  if (::link(temporary.c_str(), written.path.c_str()) == 0) {
+    written.created = true;
+  } else if (errno != EEXIST) {
+    const std::string reason = std::strerror(errno);
+    ::unlink(temporary.c_str());
+    throw CapsuleError("cannot store " + written.path + ": " + reason);
+  }
+  ::unlink(temporary.c_str());
+  return written;
+}
+
+CapsuleInfo inspect_capsule(const std::string& path, bool verify_payload, const std::optional<std::string>& expected_sha256,
+                            const std::string& expected_from) {
+  File in(path, O_RDONLY);
+  if (!in.ok()) throw CapsuleError(path + ": cannot open the capsule (" + std::strerror(errno) + ")");
+  struct stat status {};
+  if (::fstat(in.fd(), &status) != 0) throw CapsuleError(path + ": cannot stat the capsule");
+  CapsuleInfo info;
+  info.path = path;
+  info.file_bytes = status.st_size;
+
+  std::string first(std::min<size_t>(kMaxPreambleBytes, static_cast<size_t>(info.file_bytes)), '\0');
+  if (!in.read_at(first.data(), first.size(), 0)) throw CapsuleError(path + ": cannot read the capsule");
+  if (first.rfind(kCapsuleMagic, 0) != 0) {
+    const bool zip = first.rfind("PK", 0) == 0;
+    throw CapsuleError(path + ": not a harness capsule (it does not start with '" + kCapsuleMagic + "')" +
+                       (zip ? "; it looks like a torch.save file: bring it in with `harness replay --import`" : ""));
+  }
+  const size_t line_end = first.find('\n');
+  if (line_end == std::string::npos)
+    throw CapsuleError(path + ": truncated or corrupt: the preamble line has no end (" + std::to_string(info.file_bytes) +
+                       " bytes)");
+  std::istringstream preamble(first.substr(std::strlen(kCapsuleMagic), line_end - std::strlen(kCapsuleMagic)));
+  int version = 0;
+  int64_t header_bytes = -1;
+  preamble >> version >> header_bytes >> info.payload_offset;
+  if (!preamble || header_bytes < 2 || info.payload_offset < static_cast<int64_t>(line_end + 1) + header_bytes)
+    throw CapsuleError(path + ": corrupt preamble '" + first.substr(0, line_end) + "'");
+  if (version != kCapsuleVersion)
+    throw CapsuleError(path + ": capsule format version " + std::to_string(version) + "; this harness reads version " +
+                       std::to_string(kCapsuleVersion));
+  const int64_t header_start = static_cast<int64_t>(line_end) + 1;
+  if (info.file_bytes < header_start + header_bytes)
+    throw CapsuleError(path + ": truncated: " + std::to_string(info.file_bytes) + " bytes, but the header alone ends at byte " +
+                       std::to_string(header_start + header_bytes));
+  std::string header_text(static_cast<size_t>(header_bytes), '\0');
+  if (!in.read_at(header_text.data(), header_text.size(), header_start))
+    throw CapsuleError(path + ": cannot read the header");
+  info.sha256 = db::sha256_hex(header_text);
+  try {
+    info.header = nlohmann::json::parse(header_text);
+  } catch (const nlohmann::json::exception& error) {
+    throw CapsuleError(path + ": corrupt header: " + error.what());
+  }
+  if (!info.header.is_object() || !info.header.contains("tensors") || !info.header["tensors"].is_array() ||
+      !info.header.contains("payload_bytes"))
+    throw CapsuleError(path + ": corrupt header: it lacks the tensor list or the payload size");
+
+  if (expected_sha256 && *expected_sha256 != info.sha256)
+    throw CapsuleError(path + ": hash mismatch: the capsule's header hashes to " + info.sha256 + " but " +
+                       (expected_from.empty() ? std::string("the caller") : expected_from) + " records " +
+                       *expected_sha256);
+  const std::string stem = fs::path(path).stem().string();
+  if (is_sha256_hex(stem) && stem != info.sha256)
+    throw CapsuleError(path + ": hash mismatch: the file is named for " + stem + " but its header hashes to " +
+                       info.sha256 + " (the header was changed)");
+
+  const int64_t payload_bytes = info.header["payload_bytes"].get<int64_t>();
+  const int64_t expected_size = info.payload_offset + payload_bytes;
+  if (info.file_bytes < expected_size)
+    throw CapsuleError(path + ": truncated: " + std::to_string(info.file_bytes) + " bytes, the header describes " +
+                       std::to_string(expected_size) + " (" + std::to_string(expected_size - info.file_bytes) +
+                       " missing)");
+  if (info.file_bytes > expected_size)
+    throw CapsuleError(path + ": corrupt: " + std::to_string(info.file_bytes - expected_size) +
+                       " bytes after the payload the header describes");
+
+  for (const auto& json : info.header["tensors"]) {
+    TensorEntry entry = parse_entry(json, path);
+    const auto element_bytes = dtype_bytes(entry.dtype);
+    if (!element_bytes) throw CapsuleError(path + ": tensor " + entry.name + " has unknown dtype '" + entry.dtype + "'");
+    if (std::any_of(entry.shape.begin(), entry.shape.end(), [](int64_t extent) { return extent < 0; }) ||
+        numel(entry.shape) * *element_bytes != entry.bytes)
+      throw CapsuleError(path + ": tensor " + entry.name + ": " + std::to_string(entry.bytes) + " bytes do not fit shape " +
+                         shape_text(entry.shape) + " of " + entry.dtype);
+    if (entry.offset < 0 || entry.offset + entry.bytes > payload_bytes)
+      throw CapsuleError(path + ": tensor " + entry.name + " lies outside the payload");
+    if (info.find(entry.name)) throw CapsuleError(path + ": tensor " + entry.name + " is listed twice");
+    info.tensors.push_back(std::move(entry));
+  }
+
+  if (verify_payload) {
+    std::vector<std::string> problems(info.tensors.size());
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i = next++; i < info.tensors.size(); i = next++) {
+        const auto& entry = info.tensors[i];
+        std::string bytes(static_cast<size_t>(entry.bytes), '\0');
+        if (!in.read_at(bytes.data(), bytes.size(), info.payload_offset + entry.offset))
+          problems[i] = "tensor " + entry.name + ": cannot read its bytes";
+        else if (db::sha256_hex(bytes) != entry.sha256)
+          problems[i] = "tensor " + entry.name + ": its bytes do not match their sha256 (the payload is corrupted)";
+      }
+    };
+    const size_t threads = std::min<size_t>(info.tensors.size(), std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (auto& thread : pool) thread.join();
+    for (const auto& problem : problems)
+      if (!problem.empty()) throw CapsuleError(path + ": " + problem);
+  }
+  return info;
+}
+
+void read_tensor_into(const CapsuleInfo& info, const TensorEntry& entry, void* out) {
+  File in(info.path, O_RDONLY);
+  if (!in.ok()) throw CapsuleError(info.path + ": cannot open the capsule (" + std::strerror(errno) + ")");
+  if (!in.read_at(out, static_cast<size_t>(entry.bytes), info.payload_offset + entry.offset))
+    throw CapsuleError(info.path + ": truncated: cannot read tensor " + entry.name);
+}
+
+std::string read_tensor_bytes(const CapsuleInfo& info, const TensorEntry& entry) {
+  std::string bytes(static_cast<size_t>(entry.bytes), '\0');
+  read_tensor_into(info, entry, bytes.data());
+  return bytes;
+}
+
+void check_step_fits_spec(const CapsuleInfo& info, const spec::Spec& spec) {
+  std::vector<std::string> problems;
+  const std::string role = info.header.value("role", "");
+  if (role != "step") problems.push_back("it is a '" + role + "' file, not a step capsule");
+  if (spec.kind != "attention_step") problems.push_back("its spec is of kind " + spec.kind + ", not attention_step");
+  const auto& d = spec.dims;
+  const std::vector<int64_t> q_shape = {d.batch, d.heads, d.q_len(), d.head_dim};
+  const std::vector<int64_t> kv_shape = {d.batch, d.kv_heads, d.kv_len(), d.head_dim};
+  const char* const kLayerTensors[] = {"q", "k", "v", "grad_out"};
+  for (int64_t layer = 0; layer < spec.layers; ++layer) {
+    for (const std::string tensor : kLayerTensors) {
+      const std::string name = layer_tensor_name(tensor, layer);
+      const TensorEntry* entry = info.find(name);
+      const auto& shape = tensor == "k" || tensor == "v" ? kv_shape : q_shape;
+      if (!entry) {
+        problems.push_back("tensor " + name + " is missing (the spec has " + std::to_string(spec.layers) + " layer" +
+                           (spec.layers == 1 ? "" : "s") + ")");
+        continue;
+      }
+      if (entry->dtype != spec.dtype)
+        problems.push_back("tensor " + name + " is " + entry->dtype + " but the spec's dtype is " + spec.dtype);
+      if (entry->shape != shape)
+        problems.push_back("tensor " + name + " has shape " + shape_text(entry->shape) + " but the spec needs " +
+                           shape_text(shape) + " ([batch, " + (tensor == "k" || tensor == "v" ? "kv_heads, KV_LEN" : "heads, Q_LEN") +
+                           ", head_dim] with Q_LEN = anchors x block_size = " + std::to_string(d.q_len()) +
+                           ", KV_LEN = context + Q_LEN = " + std::to_string(d.kv_len()) + ")");
+    }
+  }
+  for (const auto& entry : info.tensors) {
+    const auto dot = entry.name.rfind('.');
+    if (dot == std::string::npos) continue;
+    const std::string base = entry.name.substr(0, dot);
+    if (std::find(std::begin(kLayerTensors), std::end(kLayerTensors), base) == std::end(kLayerTensors)) continue;
+    const std::string index = entry.name.substr(dot + 1);
+    if (!index.empty() && std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; }) && std::stoll(index) >= spec.layers)
+      problems.push_back("tensor " + entry.name + " belongs to a layer the spec does not have (layers = " +
+                         std::to_string(spec.layers) + ")");
+  }
+
+  const bool dflash = spec.mask.kind == kernels::MaskKind::dflash;
+  if (const TensorEntry* anchors = info.find("mask.anchors")) {
+    if (!dflash) {
+      problems.push_back("mask.anchors is given but the spec's mask is not dflash");
+    } else if (anchors->dtype != "int64" || anchors->shape != std::vector<int64_t>{d.anchors}) {
+      problems.push_back("mask.anchors is " + anchors->dtype + " " + shape_text(anchors->shape) + " but the spec needs int64 [" +
+                         std::to_string(d.anchors) + "] (dims.anchors)");
+    } else {
+      const auto values = integers<int64_t>(read_tensor_bytes(info, *anchors));
+      for (size_t block = 0; block < values.size(); ++block) {
+        if (values[block] < 0 || values[block] >= d.context) {
+          problems.push_back("mask.anchors[" + std::to_string(block) + "] = " + std::to_string(values[block]) +
+                             " lies outside the context [0, " + std::to_string(d.context) + ")");
+          break;
+        }
+      }
+    }
+  }
+  if (const TensorEntry* doc_id = info.find("mask.doc_id")) {
+    const int64_t length = dflash ? d.context : d.kv_len();
+    if (doc_id->dtype != "int32" || doc_id->shape != std::vector<int64_t>{length}) {
+      problems.push_back("mask.doc_id is " + doc_id->dtype + " " + shape_text(doc_id->shape) + " but the spec needs int32 [" +
+                         std::to_string(length) + "] (" + (dflash ? "context" : "KV_LEN") + ")");
+    } else {
+      const auto values = integers<int32_t>(read_tensor_bytes(info, *doc_id));
+      if (std::any_of(values.begin(), values.end(), [](int32_t id) { return id < 0; }))
+        problems.push_back("mask.doc_id has negative document ids");
+    }
+  }
+  if (problems.empty()) return;
+  std::string message = info.path + ": the capsule's tensors do not fit its spec:";
+  for (const auto& problem : problems) message += "\n  " + problem;
+  throw CapsuleError(message);
+}
+
+std::vector<TensorComparison> compare_outputs(const CapsuleInfo& original, const CapsuleInfo& replay) {
+  std::vector<TensorComparison> comparisons;
+  for (const auto& before : original.tensors) {
+    TensorComparison comparison;
+    comparison.name = before.name;
+    const TensorEntry* after = replay.find(before.name);
+    if (!after) {
+      comparison.note = "missing in the replay";
+    } else if (after->dtype != before.dtype || after->shape != before.shape) {
+      comparison.note = "differs in dtype or shape: " + before.dtype + " " + shape_text(before.shape) + " vs " +
+                        after->dtype + " " + shape_text(after->shape);
+    } else if (after->sha256 == before.sha256) {
+      comparison.bitwise_equal = true;
+    } else {
+      const std::string a = read_tensor_bytes(original, before);
+      const std::string b = read_tensor_bytes(replay, *after);
+      double max_original = 0.0;
+      const int64_t count = numel(before.shape);
+      for (int64_t i = 0; i < count; ++i) {
+        const double x = element(a, before.dtype, i), y = element(b, before.dtype, i);
+        if (std::isfinite(x) && std::isfinite(y)) {
+          comparison.max_abs_err = std::max(comparison.max_abs_err, std::abs(y - x));
+          max_original = std::max(max_original, std::abs(x));
+        } else if (!(std::isnan(x) && std::isnan(y)) && x != y) {
+          ++comparison.nonfinite_mismatches;
+        }
+      }
+      comparison.max_rel_err = max_original > 0.0 ? comparison.max_abs_err / max_original : 0.0;
+    }
+    comparisons.push_back(std::move(comparison));
+  }
+  for (const auto& after : replay.tensors)
+    if (!original.find(after.name)) comparisons.push_back({after.name, false, 0.0, 0.0, 0, "missing in the original"});
+  return comparisons;
+}
+
+nlohmann::json to_json(const std::vector<TensorComparison>& comparisons) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& c : comparisons) {
+    nlohmann::json row = {{"tensor", c.name}, {"bitwise_equal", c.bitwise_equal}};
+    if (!c.bitwise_equal && c.note.empty()) {
+      row["max_abs_err"] = c.max_abs_err;
+      row["max_rel_err"] = c.max_rel_err;
+      row["nonfinite_mismatches"] = c.nonfinite_mismatches;
+    }
+    if (!c.note.empty()) row["note"] = c.note;
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+std::string capsule_sidecar_path(const std::string& result_path) { return result_path + ".capsule"; }
+
+std::optional<kinds::ArtifactRef> read_capsule_sidecar(const std::string& result_path) {
+  std::ifstream in(capsule_sidecar_path(result_path));
+  if (!in) return std::nullopt;
+  const auto json = nlohmann::json::parse(in, nullptr, false);
+  if (json.is_discarded() || !json.is_object()) return std::nullopt;
+  kinds::ArtifactRef ref{json.value("kind", ""), json.value("sha256", ""), json.value("path", ""),
+                         json.value("bytes", int64_t{0})};
+  std::error_code error;
+  if (ref.path.empty() || !fs::exists(ref.path, error)) return std::nullopt;
+  return ref;
+}
+
+}  // namespace harness::replay

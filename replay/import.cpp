@@ -1,0 +1,246 @@
+#include "replay/import.h"
+
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "replay/capsule.h"
+
+namespace harness::replay {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+std::string sizes_text(const at::Tensor& tensor) {
+  std::string text = "[";
+  for (int64_t dim = 0; dim < tensor.dim(); ++dim) text += (dim ? "," : "") + std::to_string(tensor.size(dim));
+  return text + "]";
+}
+
+// The key of a per-layer tensor in the file: "q" when the file has one unnumbered layer, else "q.0", ...
+std::string file_key(const std::string& tensor, int64_t layer, bool indexed) {
+  return indexed ? layer_tensor_name(tensor, layer) : tensor;
+}
+
+std::vector<char> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw CapsuleError(path + ": cannot open the step file");
+  const std::streamsize size = in.tellg();
+  in.seekg(0);
+  std::vector<char> bytes(static_cast<size_t>(size));
+  if (!in.read(bytes.data(), size)) throw CapsuleError(path + ": cannot read the step file");
+  return bytes;
+}
+
+int64_t meta_int(const nlohmann::json& dims, const char* key, int64_t fallback, const std::string& where) {
+  if (!dims.contains(key)) return fallback;
+  if (!dims[key].is_number_integer()) throw CapsuleError(where + ": meta.dims." + key + " must be an integer");
+  return dims[key].get<int64_t>();
+}
+
+}  // namespace
+
+ImportedStep import_step_file(const std::string& step_path, const std::string& dir) {
+  const std::string& where = step_path;
+  c10::IValue value;
+  try {
+    value = torch::jit::pickle_load(read_bytes(step_path));
+  } catch (const CapsuleError&) {
+    throw;
+  } catch (const c10::Error& error) {
+    throw CapsuleError(where + ": cannot read it as a torch.save file (" + first_line(error.what_without_backtrace()) +
+                       "); write it with replay/save_step.py");
+  } catch (const std::exception& error) {
+    throw CapsuleError(where + ": cannot read it as a torch.save file (" + first_line(error.what()) + ")");
+  }
+  if (!value.isGenericDict())
+    throw CapsuleError(where + ": holds a " + std::string(value.tagKind()) +
+                       ", not a dict of named tensors with a 'meta' string");
+
+  std::map<std::string, at::Tensor> tensors;
+  std::optional<std::string> meta_text;
+  for (const auto& item : value.toGenericDict()) {
+    if (!item.key().isString()) throw CapsuleError(where + ": a key of the dict is not a string");
+    const std::string key = item.key().toStringRef();
+    if (key == "meta") {
+      if (!item.value().isString()) throw CapsuleError(where + ": 'meta' must be a JSON string (json.dumps(...))");
+      meta_text = item.value().toStringRef();
+    } else if (item.value().isTensor()) {
+      tensors[key] = item.value().toTensor().detach().to(at::kCPU).contiguous();
+    } else {
+      throw CapsuleError(where + ": entry '" + key + "' is a " + std::string(item.value().tagKind()) + ", not a tensor");
+    }
+  }
+  if (!meta_text) throw CapsuleError(where + ": no 'meta' entry (a JSON string with dims and mask; replay/README.md)");
+  ImportedStep imported;
+  imported.meta = nlohmann::json::parse(*meta_text, nullptr, false);
+  if (imported.meta.is_discarded() || !imported.meta.is_object())
+    throw CapsuleError(where + ": 'meta' is not a JSON object");
+  const nlohmann::json& meta = imported.meta;
+
+  // Layers: "q" alone, or "q.0" ... "q.N-1".
+  const bool indexed = !tensors.count("q");
+  int64_t layers = indexed ? 0 : 1;
+  while (indexed && tensors.count(layer_tensor_name("q", layers))) ++layers;
+  if (layers == 0) throw CapsuleError(where + ": no tensor 'q' (one layer) or 'q.0' (layers q.0, q.1, ...)");
+
+  std::vector<std::string> problems;
+  std::set<std::string> used = {"meta"};
+  std::map<std::string, std::vector<at::Tensor>> per_layer;
+  for (const std::string name : {"q", "k", "v", "grad_out"}) {
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      const std::string key = file_key(name, layer, indexed);
+      const auto found = tensors.find(key);
+      if (found == tensors.end()) {
+        problems.push_back("tensor '" + key + "' is missing (the file has " + std::to_string(layers) + " layer" +
+                           (layers == 1 ? "" : "s") + " of q)");
+        continue;
+      }
+      used.insert(key);
+      per_layer[name].push_back(found->second);
+    }
+  }
+  if (!problems.empty()) {
+    std::string message = where + ": the step is incomplete:";
+    for (const auto& problem : problems) message += "\n  " + problem;
+    throw CapsuleError(message);
+  }
+  const at::Tensor& q0 = per_layer["q"][0];
+  const at::Tensor& k0 = per_layer["k"][0];
+  if (q0.dim() != 4 || k0.dim() != 4)
+    throw CapsuleError(where + ": q and k must be [batch, heads, length, head_dim]; q is " + sizes_text(q0) + ", k is " +
+                       sizes_text(k0) + " (a [batch, length, heads, head_dim] tensor needs .transpose(1, 2))");
+  const std::string dtype = dtype_name(q0.scalar_type());
+  if (dtype != "bf16" && dtype != "fp16" && dtype != "fp32")
+    throw CapsuleError(where + ": q is " + dtype + "; a step is bf16, fp16 or fp32");
+
+  const nlohmann::json dims = meta.value("dims", nlohmann::json::object());
+  const int64_t q_len = q0.size(2), kv_len = k0.size(2);
+  const int64_t block_size = meta_int(dims, "block_size", 16, where);
+  if (block_size < 1 || q_len % block_size != 0)
+    throw CapsuleError(where + ": Q_LEN " + std::to_string(q_len) + " (q.size(2)) is not a multiple of block_size " +
+                       std::to_string(block_size));
+  const int64_t anchors = meta_int(dims, "anchors", q_len / block_size, where);
+  const int64_t context = meta_int(dims, "context", kv_len - q_len, where);
+  const std::pair<const char*, int64_t> observed[] = {{"batch", q0.size(0)},   {"heads", q0.size(1)},
+                                                      {"kv_heads", k0.size(1)}, {"head_dim", q0.size(3)}};
+  for (const auto& [key, size] : observed)
+    if (meta_int(dims, key, size, where) != size)
+      problems.push_back(std::string("meta.dims.") + key + " = " + std::to_string(dims[key].get<int64_t>()) +
+                         " but the tensors have " + std::to_string(size));
+  if (anchors * block_size != q_len)
+    problems.push_back("meta.dims.anchors x block_size = " + std::to_string(anchors * block_size) + " but Q_LEN is " +
+                       std::to_string(q_len));
+  if (context + q_len != kv_len)
+    problems.push_back("meta.dims.context + Q_LEN = " + std::to_string(context + q_len) + " but KV_LEN (k.size(2)) is " +
+                       std::to_string(kv_len));
+  for (const auto& [name, list] : per_layer) {
+    const at::Tensor& like = name == "k" || name == "v" ? k0 : q0;
+    for (size_t layer = 0; layer < list.size(); ++layer) {
+      const std::string key = file_key(name, static_cast<int64_t>(layer), indexed);
+      if (list[layer].sizes() != like.sizes())
+        problems.push_back("tensor '" + key + "' is " + sizes_text(list[layer]) + ", expected " + sizes_text(like));
+      if (list[layer].scalar_type() != q0.scalar_type())
+        problems.push_back("tensor '" + key + "' is " + std::string(c10::toString(list[layer].scalar_type())) +
+                           " but q is " + c10::toString(q0.scalar_type()));
+    }
+  }
+  if (!meta.contains("mask") || !meta["mask"].is_object())
+    problems.push_back("meta has no 'mask' object (e.g. {\"type\": \"dflash\", \"documents\": 4})");
+  if (!problems.empty()) {
+    std::string message = where + ": the step does not fit together:";
+    for (const auto& problem : problems) message += "\n  " + problem;
+    throw CapsuleError(message);
+  }
+
+  nlohmann::json spec_json = {
+      {"name", meta.value("name", "imported_step")},
+      {"hypothesis", "Replay of a training step saved from Python (" + fs::path(step_path).filename().string() + ")"},
+      {"kind", "attention_step"},
+      {"dims",
+       {{"batch", q0.size(0)},
+        {"heads", q0.size(1)},
+        {"kv_heads", k0.size(1)},
+        {"head_dim", q0.size(3)},
+        {"anchors", anchors},
+        {"block_size", block_size},
+        {"context", context},
+        {"dtype", dtype},
+        {"layers", layers}}},
+      {"mask", meta["mask"]},
+      {"variants", {{"fused", {{"impl", "fused"}}}, {"dense", {{"impl", "dense"}}}}},
+      {"variant_order", {"fused", "dense"}},
+      {"measure", {"fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms", "bwd_ms", "max_abs_err", "dispatch"}},
+      {"repeats", 1},
+      {"warmup", 0},
+      {"check", {{"enabled", true}}},
+      {"verdict", {{{"if", "fused.match"}, {"then", "MATCH"}}, {{"else", "MISMATCH"}}}}};
+  if (meta.contains("block_mask")) spec_json["block_mask"] = meta["block_mask"];
+  spec::Spec spec;
+  try {
+    spec = spec::parse_spec(spec_json, where + " (meta)");
+  } catch (const spec::SpecError& error) {
+    std::string message = where + ": the meta does not make a valid step:";
+    for (const auto& issue : error.issues()) message += "\n  " + issue.path + ": " + issue.message;
+    throw CapsuleError(message);
+  }
+
+  StepTensors step;
+  step.q = per_layer["q"];
+  step.k = per_layer["k"];
+  step.v = per_layer["v"];
+  step.grad_out = per_layer["grad_out"];
+  for (const char* key : {"anchors", "mask.anchors"}) {
+    if (!tensors.count(key)) continue;
+    used.insert(key);
+    const at::Tensor values = tensors[key].to(at::kLong).flatten();
+    step.anchors = std::vector<int64_t>(values.data_ptr<int64_t>(), values.data_ptr<int64_t>() + values.numel());
+  }
+  for (const char* key : {"doc_id", "mask.doc_id"}) {
+    if (!tensors.count(key)) continue;
+    used.insert(key);
+    const at::Tensor values = tensors[key].to(at::kInt).flatten();
+    step.doc_id = std::vector<int32_t>(values.data_ptr<int32_t>(), values.data_ptr<int32_t>() + values.numel());
+  }
+  NamedTensors outputs;
+  for (const std::string name : {"out", "dq", "dk", "dv"}) {
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      const std::string key = file_key(name, layer, indexed);
+      if (!tensors.count(key)) continue;
+      used.insert(key);
+      outputs.emplace_back(layer_tensor_name(name, layer), tensors[key]);
+    }
+  }
+  for (const auto& [key, tensor] : tensors)
+    if (!used.count(key))
+      throw CapsuleError(where + ": unknown entry '" + key +
+                         "' (known: q, k, v, grad_out, anchors, doc_id, out, dq, dk, dv, each also as NAME.LAYER, and meta)");
+
+  const nlohmann::json header = {{"role", "step"},
+                                 {"source", "import"},
+                                 {"spec", spec.resolved},
+                                 {"variant", ""},
+                                 {"device", ""},
+                                 {"env_id", ""},
+                                 {"import", {{"file", fs::absolute(step_path).string()}, {"meta", meta}}}};
+  imported.capsule = write_capsule(dir, header, step_tensors(step), kStepExtension);
+  try {
+    check_step_fits_spec(inspect_capsule(imported.capsule.path, /*verify_payload=*/false), spec);
+  } catch (const CapsuleError& error) {
+    if (imported.capsule.created) ::unlink(imported.capsule.path.c_str());
+    std::string message = error.what();
+    throw CapsuleError(where + message.substr(message.find(':')));
+  }
+  if (!outputs.empty())
+    imported.outputs = write_capsule(dir, {{"role", "outputs"}, {"of", imported.capsule.sha256}, {"source", "import"}},
+                                     outputs, kOutputsExtension);
+  return imported;
+}
+
+}  // namespace harness::replay

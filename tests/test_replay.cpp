@@ -1,0 +1,332 @@
+// Capsules: the file format round trip, every integrity failure named (never a crash), the trial
+// child's capsule (written before the step, kept on failure, dropped on success), NaN/Inf
+// detection, replaying a capsule, and importing a step saved with torch.save.
+
+#include <ATen/ATen.h>
+#include <ftw.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "experiments/kinds/attention_step.h"
+#include "experiments/spec.h"
+#include "replay/capsule.h"
+#include "replay/import.h"
+#include "tests/catch.h"
+
+using namespace harness;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// A scratch folder removed with nftw (std::filesystem::remove_all is interposed by libtorch.so).
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "harness-replay-XXXXXX").string();
+    REQUIRE(mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  ~TempDir() {
+    nftw(
+        path.c_str(), [](const char* item, const struct stat*, int, struct FTW*) { return ::remove(item); }, 16,
+        FTW_DEPTH | FTW_PHYS);
+  }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+// The small attention_step spec the tests record: 2 layers, GQA 2:1, dflash in 2 documents.
+spec::Spec small_spec(const std::string& extra_variants = "") {
+  const std::string text = R"({
+    "name": "replay_test", "hypothesis": "test", "kind": "attention_step",
+    "dims": {"batch": 1, "heads": 2, "kv_heads": 1, "head_dim": 64, "anchors": 2, "block_size": 16,
+             "context": 64, "dtype": "bf16", "layers": 2},
+    "mask": {"type": "dflash", "context_rule": "before_anchor", "documents": 2, "in_block": "bidirectional", "seed": 3},
+    "block_mask": {"block_size": 16},
+    "variants": {"fused": {"impl": "fused"}, "dense": {"impl": "dense"})" +
+                           extra_variants + R"(},
+    "repeats": 1, "warmup": 0, "seed": 5,
+    "verdict": [{"if": "fused.match", "then": "OK"}, {"else": "MISMATCH"}]})";
+  spec::LoadOptions options;
+  options.allow_faults = true;
+  return spec::load_spec_text(text, "test_replay", options);
+}
+
+kinds::TrialContext context_for(const std::string& variant, const TempDir& dir) {
+  kinds::TrialContext context;
+  context.variant = variant;
+  context.device = "cpu";
+  context.artifact_dir = dir.file("artifacts");
+  context.result_path = dir.file("result.json");
+  return context;
+}
+
+const kinds::ArtifactRef* artifact(const kinds::TrialResult& result, const std::string& kind) {
+  for (const auto& a : result.artifacts)
+    if (a.kind == kind) return &a;
+  return nullptr;
+}
+
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const replay::CapsuleError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+void overwrite_byte(const std::string& path, int64_t offset) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekg(offset);
+  const char byte = static_cast<char>(file.get());
+  file.seekp(offset);
+  file.put(static_cast<char>(byte ^ 0x5a));
+}
+
+}  // namespace
+
+TEST_CASE("a capsule round-trips every tensor bit for bit", "[replay]") {
+  TempDir dir;
+  const replay::NamedTensors tensors = {
+      {"a", at::randn({3, 5, 7}).to(at::kBFloat16)},
+      {"b", at::arange(10, at::TensorOptions().dtype(at::kLong))},
+      {"c", at::randn({4, 4}).t()},  // not contiguous: written in C order
+      {"empty", at::empty({0, 3})},
+  };
+  const auto written = replay::write_capsule(dir.path, {{"role", "test"}}, tensors, ".capsule");
+  CHECK(written.created);
+  CHECK(fs::path(written.path).filename() == written.sha256 + ".capsule");
+  CHECK(static_cast<int64_t>(fs::file_size(written.path)) == written.bytes);
+
+  const auto info = replay::inspect_capsule(written.path, /*verify_payload=*/true, written.sha256, "the test");
+  REQUIRE(info.tensors.size() == tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    const auto* entry = info.find(name);
+    REQUIRE(entry != nullptr);
+    CHECK(entry->offset % replay::kCapsuleAlignment == 0);
+    const at::Tensor loaded = replay::load_tensor(info, *entry);
+    CHECK(loaded.scalar_type() == tensor.scalar_type());
+    CHECK(loaded.sizes() == tensor.sizes());
+    CHECK(at::equal(loaded, tensor.contiguous()));
+  }
+  // The same content again is the same file.
+  const auto again = replay::write_capsule(dir.path, {{"role", "test"}}, tensors, ".capsule");
+  CHECK(again.sha256 == written.sha256);
+  CHECK_FALSE(again.created);
+}
+
+TEST_CASE("a damaged capsule is an error naming the problem, never a crash", "[replay]") {
+  TempDir dir;
+  const auto written = replay::write_capsule(dir.path, {{"role", "test"}}, {{"x", at::randn({64, 64})}}, ".capsule");
+  const auto info = replay::inspect_capsule(written.path, true);
+  const std::string copy = dir.file("copy.capsule");
+
+  SECTION("truncated") {
+    fs::copy_file(written.path, copy);
+    fs::resize_file(copy, static_cast<uintmax_t>(written.bytes - 100));
+    const std::string error = error_of([&] { replay::inspect_capsule(copy, false); });
+    CHECK(error.find("truncated") != std::string::npos);
+    CHECK(error.find("100 missing") != std::string::npos);
+    fs::resize_file(copy, 40);
+    CHECK(error_of([&] { replay::inspect_capsule(copy, false); }).find("truncated") != std::string::npos);
+  }
+  SECTION("a flipped payload byte") {
+    fs::copy_file(written.path, copy);
+    overwrite_byte(copy, info.payload_offset + 1000);
+    CHECK(replay::inspect_capsule(copy, false).sha256 == written.sha256);  // the structure is intact
+    const std::string error = error_of([&] { replay::inspect_capsule(copy, true); });
+    CHECK(error.find("tensor x") != std::string::npos);
+    CHECK(error.find("corrupted") != std::string::npos);
+  }
+  SECTION("a changed header") {
+    std::ifstream in(written.path, std::ios::binary);
+    std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto at = file.find("\"role\":\"test\"");
+    REQUIRE(at != std::string::npos);
+    file.replace(at, 13, "\"role\":\"tost\"");
+    std::ofstream(written.path, std::ios::binary | std::ios::trunc) << file;
+    const std::string error = error_of([&] { replay::inspect_capsule(written.path, false); });
+    CHECK(error.find("hash mismatch") != std::string::npos);
+    fs::copy_file(written.path, copy);
+    CHECK(error_of([&] { replay::inspect_capsule(copy, false, written.sha256, "the db"); }).find("the db records") !=
+          std::string::npos);
+  }
+  SECTION("not a capsule") {
+    std::ofstream(copy) << "PK\x03\x04 something else";
+    const std::string error = error_of([&] { replay::inspect_capsule(copy, false); });
+    CHECK(error.find("not a harness capsule") != std::string::npos);
+    CHECK(error.find("--import") != std::string::npos);
+    CHECK(error_of([&] { replay::inspect_capsule(dir.file("absent"), false); }).find("cannot open") != std::string::npos);
+  }
+}
+
+TEST_CASE("a failing trial keeps the capsule it wrote before its step; replaying it fails alike", "[replay]") {
+  TempDir dir;
+  const spec::Spec spec = small_spec(R"(, "nan": {"impl": "fused", "fault": "nan"}, "oom": {"impl": "dense", "fault": "oom"})");
+
+  SECTION("NaN in the forward: the first tensor and phase are named") {
+    const auto result = kinds::run_attention_step(spec, context_for("nan", dir));
+    REQUIRE(result.status == "nonfinite");
+    CHECK(result.details["nonfinite"]["tensor"] == "out");
+    CHECK(result.details["nonfinite"]["phase"] == "fwd");
+    CHECK(result.details["nonfinite"]["layer"] == 0);
+    CHECK(result.details["nonfinite"]["nan"].get<int64_t>() > 0);
+    const auto* capsule = artifact(result, "capsule");
+    REQUIRE(capsule != nullptr);
+    REQUIRE(artifact(result, "outputs") != nullptr);
+    const auto marker = replay::read_capsule_sidecar(dir.file("result.json"));
+    REQUIRE(marker);
+    CHECK(marker->sha256 == capsule->sha256);
+
+    // The capsule carries the poisoned inputs: the plain fused variant fails the same way on them.
+    auto context = context_for("fused", dir);
+    context.replay_capsule = capsule->path;
+    const auto replayed = kinds::run_attention_step(spec, context);
+    CHECK(replayed.status == "nonfinite");
+    CHECK(replayed.details["nonfinite"] == result.details["nonfinite"]);
+  }
+  SECTION("OOM: the capsule is kept, the replay asks for the same bytes") {
+    const auto result = kinds::run_attention_step(spec, context_for("oom", dir));
+    REQUIRE(result.status == "oom");
+    const auto* capsule = artifact(result, "capsule");
+    REQUIRE(capsule != nullptr);
+    CHECK(artifact(result, "outputs") == nullptr);  // the step made none
+    auto context = context_for("oom", dir);
+    context.replay_capsule = capsule->path;
+    const auto replayed = kinds::run_attention_step(spec, context);
+    CHECK(replayed.status == "oom");
+    CHECK(replayed.requested_bytes == result.requested_bytes);
+  }
+}
+
+TEST_CASE("a passing trial drops its capsule unless asked to keep it; a kept one replays bit for bit", "[replay]") {
+  TempDir dir;
+  const spec::Spec spec = small_spec();
+  const auto passed = kinds::run_attention_step(spec, context_for("fused", dir));
+  REQUIRE(passed.status == "ok");
+  CHECK(passed.artifacts.empty());
+  CHECK_FALSE(fs::exists(replay::capsule_sidecar_path(dir.file("result.json"))));
+  CHECK(fs::is_empty(dir.file("artifacts")));
+
+  auto keep = context_for("fused", dir);
+  keep.keep_capsules = true;
+  const auto kept = kinds::run_attention_step(spec, keep);
+  REQUIRE(kept.status == "ok");
+  const auto* capsule = artifact(kept, "capsule");
+  const auto* outputs = artifact(kept, "outputs");
+  REQUIRE(capsule != nullptr);
+  REQUIRE(outputs != nullptr);
+  const auto info = replay::inspect_capsule(capsule->path, true, capsule->sha256);
+  replay::check_step_fits_spec(info, spec);
+  CHECK(info.find("mask.anchors") != nullptr);
+  CHECK(info.header["variant"] == "fused");
+
+  auto context = context_for("fused", dir);
+  context.keep_capsules = true;
+  context.replay_capsule = capsule->path;
+  const auto replayed = kinds::run_attention_step(spec, context);
+  REQUIRE(replayed.status == "ok");
+  const auto* replayed_outputs = artifact(replayed, "outputs");
+  REQUIRE(replayed_outputs != nullptr);
+  const auto comparisons = replay::compare_outputs(replay::inspect_capsule(outputs->path, true),
+                                                   replay::inspect_capsule(replayed_outputs->path, true));
+  CHECK(comparisons.size() == 8);  // out, dq, dk, dv of 2 layers
+  for (const auto& c : comparisons) CHECK(c.bitwise_equal);
+
+  // The dense implementation on the same capsule: close, not bitwise.
+  context.variant = "dense";
+  const auto dense = kinds::run_attention_step(spec, context);
+  REQUIRE(dense.status == "ok");
+  const auto versus_dense = replay::compare_outputs(replay::inspect_capsule(outputs->path, true),
+                                                    replay::inspect_capsule(artifact(dense, "outputs")->path, true));
+  for (const auto& c : versus_dense) {
+    CHECK(c.note.empty());
+    CHECK(c.max_rel_err < 0.05);
+  }
+}
+
+TEST_CASE("a capsule whose tensors do not fit its spec names each problem", "[replay]") {
+  TempDir dir;
+  const spec::Spec spec = small_spec();
+  auto keep = context_for("fused", dir);
+  keep.keep_capsules = true;
+  const auto kept = kinds::run_attention_step(spec, keep);
+  const auto info = replay::inspect_capsule(artifact(kept, "capsule")->path, false);
+
+  spec::LoadOptions options;
+  options.overrides = {"dims.anchors=3", "dims.layers=1"};
+  const spec::Spec other = spec::load_spec_text(spec.resolved.dump(), "test", options);
+  const std::string error = error_of([&] { replay::check_step_fits_spec(info, other); });
+  CHECK(error.find("q.0 has shape [1,2,32,64] but the spec needs [1,2,48,64]") != std::string::npos);
+  CHECK(error.find("q.1 belongs to a layer the spec does not have") != std::string::npos);
+  CHECK(error.find("mask.anchors") != std::string::npos);
+
+  // The trial child refuses it too, as an error result rather than a crash.
+  auto context = context_for("fused", dir);
+  context.replay_capsule = info.path;
+  const auto result = kinds::run_attention_step(other, context);
+  CHECK(result.status == "error");
+  CHECK(result.details.contains("capsule_error"));
+}
+
+TEST_CASE("a step saved with torch.save imports as a capsule and replays", "[replay]") {
+  TempDir dir;
+  const int64_t batch = 1, heads = 2, kv_heads = 1, head_dim = 64, anchors = 2, block = 16, context = 48;
+  const int64_t q_len = anchors * block, kv_len = context + q_len;
+  c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
+  entries.insert("q", at::randn({batch, heads, q_len, head_dim}));
+  entries.insert("k", at::randn({batch, kv_heads, kv_len, head_dim}));
+  entries.insert("v", at::randn({batch, kv_heads, kv_len, head_dim}));
+  entries.insert("grad_out", at::randn({batch, heads, q_len, head_dim}));
+  entries.insert("anchors", at::tensor(std::vector<int32_t>{20, 7}));  // any order, as the blocks are
+  entries.insert("meta", std::string(R"({"name": "from_python", "dims": {"block_size": 16},
+                                       "mask": {"type": "dflash", "documents": 1}})"));
+  auto save = [&](const c10::impl::GenericDict& dict, const std::string& name) {
+    const std::vector<char> bytes = torch::jit::pickle_save(dict);
+    std::ofstream(dir.file(name), std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return dir.file(name);
+  };
+
+  const auto imported = replay::import_step_file(save(entries, "step.pt"), dir.file("artifacts"));
+  const auto info = replay::inspect_capsule(imported.capsule.path, true, imported.capsule.sha256);
+  CHECK(info.header["source"] == "import");
+  const spec::Spec spec = spec::parse_spec(info.header["spec"], "imported");
+  CHECK(spec.dims.context == context);
+  CHECK(spec.dtype == "fp32");
+  CHECK(spec.name == "from_python");
+  CHECK_FALSE(imported.outputs);
+
+  auto trial = context_for("fused", dir);
+  trial.replay_capsule = imported.capsule.path;
+  const auto result = kinds::run_attention_step(spec, trial);
+  REQUIRE(result.status == "ok");
+  double match = -1;
+  for (const auto& m : result.metrics)
+    if (m.name == "match") match = m.value;
+  CHECK(match == 1.0);
+
+  SECTION("problems are named") {
+    auto broken = entries.copy();
+    CHECK(broken.erase("grad_out") == 1);
+    CHECK(error_of([&] { replay::import_step_file(save(broken, "a.pt"), dir.path); }).find("'grad_out' is missing") !=
+          std::string::npos);
+    broken = entries.copy();
+    broken.insert_or_assign("meta", std::string(R"({"dims": {"anchors": 3, "heads": 4}, "mask": {"type": "dflash"}})"));
+    const std::string error = error_of([&] { replay::import_step_file(save(broken, "b.pt"), dir.path); });
+    CHECK(error.find("meta.dims.heads = 4 but the tensors have 2") != std::string::npos);
+    CHECK(error.find("anchors x block_size = 48 but Q_LEN is 32") != std::string::npos);
+    broken = entries.copy();
+    broken.insert_or_assign("anchors", at::tensor(std::vector<int32_t>{20, 400}));
+    CHECK(error_of([&] { replay::import_step_file(save(broken, "c.pt"), dir.path); })
+              .find("mask.anchors[1] = 400 lies outside the context") != std::string::npos);
+    std::ofstream(dir.file("d.pt")) << "not a zip";
+    CHECK(error_of([&] { replay::import_step_file(dir.file("d.pt"), dir.path); }).find("torch.save") !=
+          std::string::npos);
+  }
+}
