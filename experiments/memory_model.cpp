@@ -17,8 +17,7 @@
 namespace harness::memory_model {
 namespace {
 
-constexpr int64_t kKiB = 1024;
-constexpr int64_t kMiB = 1024 * kKiB;
+constexpr int64_t kMiB = 1024 * 1024;
 
 // PyTorch's CUDA caching allocator with its defaults (c10/cuda/CUDACachingAllocator.cpp, no
 // expandable segments, no max_split_size): what its statistics count and how it takes segments.
@@ -483,10 +482,15 @@ class StepBuilder {
   bool has_partial_tiles() const { return spec_.mask.kind != kernels::MaskKind::full; }
   int threads_for(int64_t tasks) const { return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads_, tasks))); }
 
+  // kv_tile_fp32(): keys or values of one tile converted to fp32; in fp32 the slice itself, no copy.
+  Each kv_tiles(const CpuTiles& t, int n, int64_t layer) {
+    return low_precision() ? alloc_each(trace_, t.kv_tile, n, layer) : Each{};
+  }
+
   // One tile of the score matmul (tile_scores()): the kv tile lives until the scores exist, the
   // mask tile only while it is applied.
   Each score_tiles(const CpuTiles& t, int n, int64_t layer) {
-    const Each kv = alloc_each(trace_, t.kv_tile, n, layer);
+    const Each kv = kv_tiles(t, n, layer);
     const Each scores = alloc_each(trace_, t.score_tile, n, layer);
     if (has_partial_tiles()) free_each(trace_, alloc_each(trace_, t.hidden_tile, n, layer));
     free_each(trace_, kv);
@@ -510,7 +514,7 @@ class StepBuilder {
     free_each(trace_, block_max);
     const Each correction = alloc_each(trace_, t.row_vector, n, layer);
     free_each(trace_, alloc_each(trace_, t.row_vector, n, layer));  // probabilities.sum()
-    const Each v_tile = alloc_each(trace_, t.kv_tile, n, layer);
+    const Each v_tile = kv_tiles(t, n, layer);
     free_each(trace_, alloc_each(trace_, t.q_tile, n, layer));  // probabilities·v
     free_each(trace_, v_tile);
     free_each(trace_, row_max);
@@ -547,11 +551,11 @@ class StepBuilder {
       free_each(trace_, out_copy);
       const Each grad_q_acc = alloc_each(trace_, t.q_tile, n, layer);
       const Each probabilities = score_tiles(t, n, layer);
-      const Each v_tile = alloc_each(trace_, t.kv_tile, n, layer);
+      const Each v_tile = kv_tiles(t, n, layer);
       const Each grad_scores = alloc_each(trace_, t.score_tile, n, layer);
       free_each(trace_, v_tile);
       free_each(trace_, probabilities);
-      const Each k_tile = alloc_each(trace_, t.kv_tile, n, layer);
+      const Each k_tile = kv_tiles(t, n, layer);
       free_each(trace_, alloc_each(trace_, t.q_tile, n, layer));  // dS·k
       free_each(trace_, k_tile);
       for (const Each& each : {grad_scores, q_scaled, grad_out, lse, row_delta, grad_q_acc}) free_each(trace_, each);
@@ -567,7 +571,7 @@ class StepBuilder {
       const Each lse = alloc_each(trace_, t.row_vector, n, layer);
       const Each row_delta = alloc_each(trace_, t.row_vector, n, layer);
       const Each probabilities = score_tiles(t, n, layer);
-      const Each v_tile = alloc_each(trace_, t.kv_tile, n, layer);
+      const Each v_tile = kv_tiles(t, n, layer);
       const Each grad_scores = alloc_each(trace_, t.score_tile, n, layer);
       free_each(trace_, v_tile);
       free_each(trace_, alloc_each(trace_, t.kv_tile, n, layer));  // Pᵀ·dO
@@ -624,7 +628,7 @@ int64_t tensor_bytes(const Tensor& tensor, const std::string& device_kind) {
 
 //! Allocated bytes over the first iteration, with the event index of each phase's peak.
 struct PhasePeaks {
-  size_t fwd_begin = 0, bwd_begin = 0, end_begin = 0;
+  size_t fwd_begin = 0, bwd_begin = 0;
   size_t fwd_peak_at = 0, bwd_peak_at = 0;
   int64_t baseline = 0, fwd_peak = 0, bwd_peak = 0, saved = 0;
 };
@@ -648,8 +652,6 @@ PhasePeaks phase_peaks(const Trace& trace, const std::string& device_kind) {
         p.bwd_begin = i;
         p.saved = current - p.baseline;
         p.bwd_peak_at = i;
-      } else if (phase == "end") {
-        p.end_begin = i;
       }
       continue;
     }
@@ -670,16 +672,11 @@ PhasePeaks phase_peaks(const Trace& trace, const std::string& device_kind) {
 //! What is alive at event `at` that the phase beginning at `begin` allocated (positive), and what
 //! was alive at `begin` and freed by `at` (negative), per kind.
 std::vector<PeakTerm> peak_terms(const Trace& trace, const std::string& device_kind, size_t begin, size_t at) {
-  std::set<int> alive_at_begin, allocated, freed;
+  std::set<int> allocated, freed;
   const auto& events = trace.events();
-  for (size_t i = 0; i <= at && i < events.size(); ++i) {
+  for (size_t i = begin; i <= at && i < events.size(); ++i) {
     const Event& e = events[i];
     if (e.type == Event::Type::phase) continue;
-    if (i < begin) {
-      if (e.type == Event::Type::alloc) alive_at_begin.insert(e.tensor);
-      else alive_at_begin.erase(e.tensor);
-      continue;
-    }
     if (e.type == Event::Type::alloc) {
       allocated.insert(e.tensor);
     } else if (!allocated.erase(e.tensor)) {

@@ -3,9 +3,10 @@
 // 1 and 3 layers, at bwd_fusion's CPU profile dims and at shapes that take the model's other
 // branches (fp32 without GQA, fp16 with a causal mask and small tiles).
 //
-// Tolerance: the model replays the step's allocations op by op, so on one thread it should agree
-// to the byte; we allow 0.5 % + 1 KiB for allocations LibTorch makes that the model leaves out by
-// design (one-element results such as `.all()` of the dense path, freed at once). A model that
+// Tolerance: the model replays the step's allocations op by op, so on one thread it agrees to the
+// byte (it does in every case here with torch 2.11); we allow 0.5 % + 1 KiB for allocations LibTorch
+// makes that the model leaves out by design (one-element results such as `.all()` of the dense path,
+// freed at once) and for small changes inside LibTorch's kernels between versions. A model that
 // misses one tensor of the step misses by far more: the smallest tensor it lists at these dims, a
 // row vector of one q block, is 1-2 KiB, a kv tile 16-64 KiB, a score-sized tensor 1.5-12 MiB.
 // With several threads the fused kernel's tile buffers coexist only as far as the workers happen to
@@ -81,8 +82,9 @@ void check_single_thread(const std::vector<std::string>& overrides) {
     for (const char* variant : {"dense", "fused"}) {
       const auto predicted = memory_model::predict(spec, variant, "cpu", ModelOptions{1});
       const Measured measured = measure(spec, variant);
-      INFO(variant << ", " << layers << " layer(s): fwd measured " << measured.fwd << " model " << predicted.fwd_peak_bytes
-                   << "; bwd measured " << measured.bwd << " model " << predicted.bwd_peak_bytes);
+      INFO(variant << ", " << layers << " layer(s): fwd measured " << static_cast<int64_t>(measured.fwd) << " model "
+                   << predicted.fwd_peak_bytes << "; bwd measured " << static_cast<int64_t>(measured.bwd) << " model "
+                   << predicted.bwd_peak_bytes);
       CHECK(std::abs(measured.fwd - static_cast<double>(predicted.fwd_peak_bytes)) <= allowed(measured.fwd));
       CHECK(std::abs(measured.bwd - static_cast<double>(predicted.bwd_peak_bytes)) <= allowed(measured.bwd));
     }
@@ -114,8 +116,9 @@ TEST_CASE("with several threads the fused CPU peaks lie between the model for on
   const auto one = memory_model::predict(spec, "fused", "cpu", ModelOptions{1});
   const auto two = memory_model::predict(spec, "fused", "cpu", ModelOptions{2});
   const Measured measured = measure(spec, "fused");
-  INFO("fwd measured " << measured.fwd << " model " << one.fwd_peak_bytes << ".." << two.fwd_peak_bytes << "; bwd measured "
-                       << measured.bwd << " model " << one.bwd_peak_bytes << ".." << two.bwd_peak_bytes);
+  INFO("fwd measured " << static_cast<int64_t>(measured.fwd) << " model " << one.fwd_peak_bytes << ".." << two.fwd_peak_bytes
+                       << "; bwd measured " << static_cast<int64_t>(measured.bwd) << " model " << one.bwd_peak_bytes << ".."
+                       << two.bwd_peak_bytes);
   CHECK(measured.fwd >= static_cast<double>(one.fwd_peak_bytes) - allowed(measured.fwd));
   CHECK(measured.fwd <= static_cast<double>(two.fwd_peak_bytes) + allowed(measured.fwd));
   CHECK(measured.bwd >= static_cast<double>(one.bwd_peak_bytes) - allowed(measured.bwd));
