@@ -305,7 +305,7 @@ std::string render_svg(const Plot& plot) {
           svg << fmt::format(R"(<circle cx="{}" cy="{}" r="4" fill="{}"/>)", num(x), num(y), color) << '\n';
           break;
         case Marker::kHollowCircle:
-          svg << fmt::format(R"(<circle cx="{}" cy="{}" r="4" fill="#ffffff" stroke="{}" stroke-width="1.5"/>)",
+          svg << fmt::format(R"(<circle cx="{}" cy="{}" r="6" fill="none" stroke="{}" stroke-width="1.5"/>)",
                              num(x), num(y), color)
               << '\n';
           break;
@@ -336,7 +336,7 @@ std::string render_svg(const Plot& plot) {
         svg << fmt::format(R"(<circle cx="{}" cy="{}" r="4" fill="{}"/>)", num(mx), num(legend_y), color) << '\n';
         break;
       case Marker::kHollowCircle:
-        svg << fmt::format(R"(<circle cx="{}" cy="{}" r="4" fill="#ffffff" stroke="{}" stroke-width="1.5"/>)", num(mx),
+        svg << fmt::format(R"(<circle cx="{}" cy="{}" r="6" fill="none" stroke="{}" stroke-width="1.5"/>)", num(mx),
                            num(legend_y), color)
             << '\n';
         break;

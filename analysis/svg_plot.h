@@ -12,7 +12,8 @@ namespace harness::analysis {
 //! Axis scale; kAuto is log when every value is positive and they span a decade or more.
 enum class Scale { kAuto, kLinear, kLog };
 
-//! Marker drawn at each point.
+//! Marker drawn at each point. The hollow circle (a ring, wider than the dot) marks predictions: a
+//! measured dot inside its ring is a prediction that held.
 enum class Marker { kCircle, kHollowCircle, kCross };
 
 //! One point; `low`/`high` draw a whisker (min–max spread or a confidence interval).
