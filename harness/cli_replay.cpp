@@ -4,8 +4,6 @@
 // Python (replay/save_step.py). Torch-free: verification and comparison read the capsule files
 // directly; the import itself (LibTorch reads the torch.save file) runs in a child process.
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -48,13 +46,17 @@ struct Source {
   std::optional<replay::CapsuleInfo> outputs;
   nlohmann::json point = nlohmann::json::object();
   std::string label;  // "trial 12 of run 3" or "step.pt"
+  int64_t memory_limit_bytes = 0;  // the recorded run's --memory-limit, replayed unless overridden
 };
 
-int64_t parse_memory_limit(const std::string& text) {
-  if (text.empty()) return 0;
+// --memory-limit: a size, or 0 / none for no cap; empty: nullopt (the recorded run's cap).
+std::optional<int64_t> parse_memory_limit(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  if (text == "0" || text == "none") return 0;
   const auto bytes = spec::parse_byte_size(text);
   if (!bytes || *bytes < 1)
-    throw UsageError(fmt::format("--memory-limit '{}': expected a size such as 96GiB, 512MiB or a byte count", text));
+    throw UsageError(
+        fmt::format("--memory-limit '{}': expected a size such as 96GiB, 512MiB or a byte count, or none", text));
   return static_cast<int64_t>(*bytes);
 }
 
@@ -133,6 +135,7 @@ Source source_from_run(const ReplayArgs& args, const GlobalOptions& options) {
   Source source;
   source.trial = *chosen;
   source.point = chosen->point;
+  source.memory_limit_bytes = detail->run.args.value("memory_limit_bytes", int64_t{0});
   source.label = fmt::format("trial {} of run {}", chosen->id, args.run_id);
   const db::Artifact& capsule = *artifact_of(chosen->id, "capsule");
   source.capsule = inspect_or_usage_error(artifact_path(capsule, options.db_path), /*verify_payload=*/true,
@@ -280,11 +283,12 @@ int run_replay(const ReplayArgs& args, const GlobalOptions& options) {
   if (!args.import_path.empty() && (args.trial_id || !args.points.empty()))
     throw UsageError("--trial and --point choose a trial of a recorded run; they do not go with --import");
   check_device_syntax(args.device);
-  const int64_t memory_limit_bytes = parse_memory_limit(args.memory_limit);
+  const std::optional<int64_t> memory_limit = parse_memory_limit(args.memory_limit);
   const bool allow_faults = faults_allowed();
 
   ScratchDir scratch;
   Source source = args.import_path.empty() ? source_from_run(args, options) : source_from_import(args, options, scratch);
+  const int64_t memory_limit_bytes = memory_limit.value_or(source.memory_limit_bytes);
   const std::string variant = !args.variant.empty() ? args.variant : source.trial ? source.trial->variant : "fused";
 
   // The capsule's own spec, with --set applied, must still fit its tensors.
@@ -353,6 +357,7 @@ int run_replay(const ReplayArgs& args, const GlobalOptions& options) {
                            {"capsule", source.capsule.sha256},
                            {"variant", variant},
                            {"device", device},
+                           {"memory_limit_bytes", memory_limit_bytes},
                            {"replay", trial_json(replayed)}};
   std::string verdict, reason;
   if (source.trial) {
@@ -408,7 +413,8 @@ Action add_replay_command(CLI::App& app, GlobalOptions& options) {
   command->add_option("--point", args->points, "Sweep point of the trial: PATH=VALUE (e.g. dims.anchors=512)");
   command->add_option("--device", args->device, "cpu, cuda:N, or auto");
   command->add_option("--set", args->overrides, "Override a field of the capsule's spec: path=value");
-  command->add_option("--memory-limit", args->memory_limit, "Cap the device memory of the step (e.g. 96GiB)");
+  command->add_option("--memory-limit", args->memory_limit,
+                      "Cap the device memory of the step (e.g. 96GiB; none lifts it); default: the recorded run's");
   command->add_option("--import", args->import_path, "A step saved from Python (replay/save_step.py) to replay");
   command->add_option("--import-to", args->import_to)->group("");
   command->add_option("--import-result", args->import_result)->group("");

@@ -88,7 +88,7 @@ bool is_sha256_hex(const std::string& text) {
 }
 
 // The preamble for a header of `header_bytes`: the payload offset it names depends on the
-// preamble's own length, which depends on the digits of that offset; two rounds settle it.
+// preamble's own length, which depends on the digits of that offset; three rounds settle it.
 std::pair<std::string, int64_t> make_preamble(int64_t header_bytes) {
   int64_t payload_offset = 0;
   std::string line;

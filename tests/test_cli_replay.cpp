@@ -143,16 +143,19 @@ TEST_CASE("replay reproduces each failure class of a recorded run", "[cli][repla
 
 TEST_CASE("kept capsules replay bit for bit or within tolerance; damaged ones are exit code 2", "[cli][replay]") {
   Sandbox box;
-  const auto run = box.json("run " + kReplaySmall + " --device cpu --keep-capsules");
+  const auto run = box.json("run " + kReplaySmall + " --device cpu --keep-capsules --memory-limit 1GiB");
   const std::string run_id = std::to_string(run["run"]["id"].get<int64_t>());
   const auto same = box.json("replay " + run_id + " --variant fused --device cpu");
   CHECK(same["verdict"] == "REPRODUCED");
+  CHECK(same["memory_limit_bytes"] == int64_t{1} << 30);  // the recorded run's cap, unless overridden
   REQUIRE(same["outputs"].size() == 8);  // out, dq, dk, dv of 2 layers
   for (const auto& c : same["outputs"]) CHECK(c["bitwise_equal"] == true);
 
   const auto other = box.json("replay " + run_id + " --trial " +
-                              std::to_string(trial_of(run, "fused")->at("id").get<int64_t>()) + " --variant dense --device cpu");
+                              std::to_string(trial_of(run, "fused")->at("id").get<int64_t>()) +
+                              " --variant dense --device cpu --memory-limit none");
   CHECK(other["replay"]["status"] == "ok");
+  CHECK(other["memory_limit_bytes"] == 0);
   REQUIRE(other["outputs"].size() == 8);
   int differing = 0;
   for (const auto& c : other["outputs"]) {
