@@ -160,7 +160,9 @@ def main():
             sys.exit(f"unknown case {name}; known: {sorted(CASES)}")
         ours = run_ours(args.binary, CASES[name], args.reps)
         fused = next(r for r in ours["results"] if r["impl"] == "fused")
-        fused["impl"] = "ours (fused_cuda)"
+        # The kernels the autotuner picked, from the dispatch configs ("fwd wgmma_m64_n64: ...").
+        picked = [d["config"].split(":")[0] for d in fused.get("dispatch", []) if ":" in d.get("config", "")]
+        fused["impl"] = "ours (fused_cuda" + (": " + ", ".join(picked) if picked else "") + ")"
         flex = bench_flex(ours, args.reps)
         everything.append({"case": name, "ours": ours, "flex": flex})
         for r in (flex, fused):

@@ -169,7 +169,7 @@ json bench_impl(const Options& o, AttentionImpl impl, MaskContext& mask, int64_t
   json records = json::array();
   for (const auto& r : trace.records()) {
     if (records.size() >= 2) break;  // one fwd and one bwd record tell the dispatch
-    records.push_back({{"op", r.op}, {"impl", r.impl}, {"config", r.config}});
+    records.push_back({{"op", r.op}, {"impl", r.impl}, {"config", r.config}, {"reason", r.reason}});
   }
   return {{"impl", impl == AttentionImpl::fused ? "fused" : "dense"},
           {"fwd_ms", fwd},

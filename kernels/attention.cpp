@@ -144,7 +144,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   if (q.device().is_cpu()) return fused_attention_cpu(q, k, v, mask, scale, options.cpu_tiles, options.trace);
   if (q.device().is_cuda()) {
 #ifdef HARNESS_WITH_CUDA_KERNELS
-    return fused_attention_cuda(q, k, v, mask, scale, options.deterministic, options.trace);
+    return fused_attention_cuda(q, k, v, mask, scale, options.deterministic, options.trace, options.cuda_kernels);
 #else
     throw UnsupportedError("fused attention on CUDA: this build has no CUDA kernels (configured without a CUDA "
                            "compiler or with HARNESS_WITH_CUDA=OFF)");

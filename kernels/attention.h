@@ -58,12 +58,22 @@ struct CpuTileConfig {
   int64_t block_n = 64;
 };
 
+//! Which CUDA fused kernels run. A kernel name forces that kernel; an empty name lets the
+//! autotuner pick among every kernel for the call's key (or take the default when autotuning is
+//! off: HARNESS_AUTOTUNE=off). HARNESS_CUDA_FWD_KERNEL / HARNESS_CUDA_BWD_KERNEL force a kernel
+//! for every call that names none here.
+struct CudaKernelChoice {
+  std::string fwd;  //!< "", "wgmma_m128_n128", "wgmma_m128_n64", "wgmma_m64_n64", "mma_m128_n64"
+  std::string bwd;  //!< "", "wgmma", "mma"
+};
+
 //! Options of one attention call.
 struct AttentionOptions {
   AttentionImpl impl = AttentionImpl::fused;
   double scale = 0.0;          //!< softmax scale; 0 means 1/sqrt(head_dim)
   bool deterministic = false;  //!< CUDA backward: no atomics in dK/dV/dQ reductions
   CpuTileConfig cpu_tiles{};   //!< tiling of the CPU fused kernel
+  CudaKernelChoice cuda_kernels{};  //!< CUDA fused kernels (default: autotuned)
   DispatchTrace* trace = nullptr;  //!< where to record the dispatch decision (may be null)
 };
 

@@ -6,7 +6,7 @@
 # kernel benchmark against torch.compile(flex_attention).
 # Logs go to $OUT (the device tool brings them back); a short summary is printed.
 # Run here first: scripts/prepare_h200.sh (carry .deps). Steps: STEPS="build tests bwd scaling
-# replay python race writeup bench" (default: all but bench).
+# replay python race writeup bench selftest" (default: all but bench and selftest).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -28,6 +28,14 @@ if want build; then
     exit 1
   fi
   grep -E '^-- harness' "$out/build.log"
+fi
+
+if want selftest; then
+  # The kernels alone (nvcc only): every forward and backward kernel against an fp32 GPU reference
+  # (and float64 on the CPU for small shapes), poisoned outputs, bitwise reproducibility, timings.
+  step "kernel self-test (every kernel, real dims timed)"
+  timeout 300 "$build/kernels/cuda/harness_attention_selftest" --log "$out/selftest.log" >/dev/null 2>&1; echo "rc=$?"
+  grep -E '^\||PASSED|FAILED|ERROR' "$out/selftest.log"
 fi
 
 if want tests; then

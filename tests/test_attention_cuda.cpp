@@ -100,8 +100,18 @@ MaskDesc simple(MaskKind kind, int64_t documents = 1, int64_t window = 0) {
   return desc;
 }
 
-// Fused vs dense (bf16) vs dense on fp32 inputs, for out and the three gradients.
-void check_against_dense(const Case& c, uint64_t seed) {
+// Every forward kernel (with the wgmma backward), and the mma.sync backward (with the default
+// forward): each must pass on every case, whatever the autotuner would pick.
+std::vector<CudaKernelChoice> every_kernel() {
+  std::vector<CudaKernelChoice> choices;
+  for (const char* fwd : {"wgmma_m128_n128", "wgmma_m128_n64", "wgmma_m64_n64", "mma_m128_n64"}) choices.push_back({fwd, "wgmma"});
+  choices.push_back({"", "mma"});
+  return choices;
+}
+
+// Fused vs dense (bf16) vs dense on fp32 inputs, for out and the three gradients, for each of
+// `choices` (by default every kernel).
+void check_against_dense(const Case& c, uint64_t seed, const std::vector<CudaKernelChoice>& choices = every_kernel()) {
   INFO("case: " << c.name);
   at::manual_seed(seed);
   const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
@@ -119,16 +129,23 @@ void check_against_dense(const Case& c, uint64_t seed) {
   const Grads dense = run_step(q, k, v, dout, [&](auto& a, auto& b, auto& d) {
     return dense_attention(a, b, d, dense_mask, scale);
   });
-  DispatchTrace trace;
-  const Grads fused = run_step(q, k, v, dout, [&](auto& a, auto& b, auto& d) {
-    return fused_attention_cuda(a, b, d, mask, scale, /*deterministic=*/false, &trace);
-  });
-  check_close("out", fused.out, dense.out, oracle.out);
-  check_close("dq", fused.dq, dense.dq, oracle.dq);
-  check_close("dk", fused.dk, dense.dk, oracle.dk);
-  check_close("dv", fused.dv, dense.dv, oracle.dv);
-  CHECK(fused.out.scalar_type() == at::kBFloat16);
-  CHECK(fused.dq.scalar_type() == at::kBFloat16);
+  for (const CudaKernelChoice& choice : choices) {
+    INFO("kernels: fwd " << (choice.fwd.empty() ? "(tuned)" : choice.fwd) << ", bwd " << (choice.bwd.empty() ? "(tuned)" : choice.bwd));
+    DispatchTrace trace;
+    const Grads fused = run_step(q, k, v, dout, [&](auto& a, auto& b, auto& d) {
+      return fused_attention_cuda(a, b, d, mask, scale, /*deterministic=*/false, &trace, choice);
+    });
+    check_close("out", fused.out, dense.out, oracle.out);
+    check_close("dq", fused.dq, dense.dq, oracle.dq);
+    check_close("dk", fused.dk, dense.dk, oracle.dk);
+    check_close("dv", fused.dv, dense.dv, oracle.dv);
+    CHECK(fused.out.scalar_type() == at::kBFloat16);
+    CHECK(fused.dq.scalar_type() == at::kBFloat16);
+    const auto records = trace.records();
+    REQUIRE(records.size() == 2);
+    if (!choice.fwd.empty()) CHECK(records[0].config.rfind("fwd " + choice.fwd + ":", 0) == 0);
+    if (!choice.bwd.empty()) CHECK(records[1].config.rfind("bwd " + choice.bwd + ":", 0) == 0);
+  }
 }
 
 }  // namespace
@@ -236,6 +253,53 @@ TEST_CASE("attention() with impl fused on CUDA tensors runs fused_cuda", "[cuda]
   CHECK(records[0].impl == "fused_cuda");
   CHECK(records[1].op == "attention_bwd");
   CHECK(all_finite(q.grad()));
+}
+
+TEST_CASE("fused_cuda autotunes its kernels once per key and names them in the dispatch", "[cuda][attention][autotune]") {
+  if (!have_gpu()) return;
+  // A shape no other test uses, so that this process has not tuned its key yet.
+  const Case c = make_case("dflash", 1, 12, 3, 128, 11, 1500, dflash(3));
+  MaskContext mask(c.mask);
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({1, 12, c.mask.q_len, 128}, cuda);
+  const at::Tensor k = at::randn({1, 3, c.mask.kv_len, 128}, cuda);
+  const at::Tensor v = at::randn({1, 3, c.mask.kv_len, 128}, cuda);
+  const at::Tensor dout = at::randn({1, 12, c.mask.q_len, 128}, cuda);
+  DispatchTrace trace;
+  for (int call = 0; call < 2; ++call) {
+    run_step(q, k, v, dout, [&](auto& a, auto& b, auto& d) { return fused_attention_cuda(a, b, d, mask, 0.09, false, &trace); });
+  }
+  const auto records = trace.records();
+  REQUIRE(records.size() == 4);
+  for (const auto& record : records) INFO(record.op << ": " << record.reason << " | " << record.config);
+  // First call: tuned (or, with a warm disk cache, read from disk) with every candidate's time;
+  // second call: served from memory with the same kernel.
+  CHECK(records[0].reason.find("autotuned (") != std::string::npos);
+  CHECK(records[0].reason.find("wgmma_m64_n64") != std::string::npos);
+  CHECK(records[0].reason.find("mma_m128_n64") != std::string::npos);
+  CHECK(records[2].reason.find("autotuned (memory") != std::string::npos);
+  CHECK(records[0].config == records[2].config);
+  CHECK(records[1].reason.find("autotuned (") != std::string::npos);
+  CHECK(records[3].reason.find("autotuned (memory") != std::string::npos);
+  CHECK(records[1].config == records[3].config);
+}
+
+TEST_CASE("fused_cuda rejects an unknown kernel name", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  const Case c = make_case("dflash", 1, 4, 2, 64, 2, 100, dflash(1));
+  MaskContext mask(c.mask);
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({1, 4, c.mask.q_len, 64}, cuda);
+  const at::Tensor k = at::randn({1, 2, c.mask.kv_len, 64}, cuda);
+  std::string message;
+  try {
+    fused_attention_cuda(q, k, k, mask, 0.1, false, nullptr, {"wgmma_m256", ""});
+  } catch (const UnsupportedError& error) {
+    message = error.what();
+  }
+  INFO(message);
+  CHECK(message.find("unknown kernel \"wgmma_m256\" (the call's options)") != std::string::npos);
+  CHECK(message.find("wgmma_m64_n64") != std::string::npos);
 }
 
 TEST_CASE("fused_cuda refuses what it has no kernel for", "[cuda][attention]") {

@@ -5,7 +5,57 @@
 // accumulator stays in registers (mma.sync m16n8k16) and P / dS feed the next MMA straight from
 // registers without a shared-memory round trip.
 
+#include <cstdint>
+
 namespace harness::kernels::cuda {
+
+//! The forward kernels, the autotuner's candidates. Names (fwd_kernel_name) are what the dispatch
+//! trace and the tuning cache store.
+enum class FwdKernel : int32_t {
+  mma_m128_n64 = 0,     //!< mma.sync + ldmatrix + cp.async, 8 warps x 16 rows, 64-key tiles (fwd_kernel.cuh)
+  wgmma_m128_n128 = 1,  //!< TMA + wgmma, warp-specialized, 2 consumer warpgroups, 128-key tiles (fwd_wgmma_kernel.cuh)
+  wgmma_m128_n64 = 2,   //!< same, 64-key tiles
+  wgmma_m64_n64 = 3,    //!< same, 1 consumer warpgroup of 64 rows, 64-key tiles, 2 CTAs per SM
+};
+
+//! The backward kernels (autotuner candidates); both read the same BlockMasks.
+enum class BwdKernel : int32_t {
+  mma = 0,    //!< mma.sync + ldmatrix + cp.async, merged dK/dV + dQ launch (bwd_kernels.cuh)
+  wgmma = 1,  //!< TMA + wgmma, warp-specialized, the same merged launch (bwd_wgmma_kernels.cuh)
+};
+
+//! Query rows per CTA and keys per step of a forward kernel: the tiling its BlockMask must have
+//! (after head packing, see attention_launch.cu). Also what the memory model reads.
+struct FwdKernelTiling {
+  int rows;
+  int block_n;
+};
+constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
+  switch (kernel) {
+    case FwdKernel::mma_m128_n64: return {128, 64};
+    case FwdKernel::wgmma_m128_n128: return {128, 128};
+    case FwdKernel::wgmma_m128_n64: return {128, 64};
+    case FwdKernel::wgmma_m64_n64: return {64, 64};
+  }
+  return {128, 64};
+}
+//! The names the dispatch trace, the tuning cache and CudaKernelChoice use.
+constexpr const char* fwd_kernel_label(FwdKernel kernel) {
+  switch (kernel) {
+    case FwdKernel::mma_m128_n64: return "mma_m128_n64";
+    case FwdKernel::wgmma_m128_n128: return "wgmma_m128_n128";
+    case FwdKernel::wgmma_m128_n64: return "wgmma_m128_n64";
+    case FwdKernel::wgmma_m64_n64: return "wgmma_m64_n64";
+  }
+  return "unknown";
+}
+//! Every forward kernel, the default (what runs untuned) first.
+constexpr FwdKernel kFwdKernels[] = {FwdKernel::wgmma_m128_n128, FwdKernel::wgmma_m128_n64, FwdKernel::wgmma_m64_n64,
+                                     FwdKernel::mma_m128_n64};
+//! Untuned forward: the 128x128 wgmma kernel, fastest on near-dense masks (H200, causal 128 anchors:
+//! 0.520 ms against 0.595 / 0.613 / 1.313 for the others) and within 22% of the best on dflash
+//! (0.135 ms against wgmma_m64_n64's 0.111 at 128 anchors), which the autotuner picks there.
+constexpr FwdKernel kDefaultFwdKernel = kFwdKernels[0];
 
 //! Forward (and its shared-memory plan): Q tile [kBlockM x D] resident, K and V tiles
 //! [kBlockN x D] in a kStages-deep cp.async ring.
@@ -32,6 +82,38 @@ struct FwdConfig {
   static_assert(kBlockM == 16 * kWarps, "one warp per 16 query rows");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(kStages >= 2 && kSmemBytes <= 227 * 1024, "a ring of 2+ stages within the 227 KB an sm_90 CTA may use");
+};
+
+//! Warp-specialized Hopper forward (fwd_wgmma_kernel.cuh): one producer warpgroup (TMA) and
+//! kConsumers warpgroups of 64 query rows (wgmma m64), K/V in a kStages-deep ring of kBlockN keys.
+template <int kHeadDim_, int kBlockN_, int kConsumers_, int kStages_, int kMinBlocksPerSm_>
+struct FwdWgmmaConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kStages = kStages_;
+  //! CTAs per SM the registers and shared memory are planned for.
+  static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
+  static constexpr int kBlockM = 64 * kConsumers;  //!< query rows per CTA (packed heads x positions)
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  //!< one K (or V) stage
+  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
+  //! 1024 bytes of slack to align the tiles (the dynamic smem base is only 16-byte aligned).
+  static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKvBytes + kBarrierBytes;
+  //! setmaxnreg budgets (multiples of 8): the producer's one thread needs a few dozen registers;
+  //! the consumers hold O (kHeadDim / 2 fp32), S (kBlockN / 2 fp32) and P (kBlockN / 4) per
+  //! thread. The SM's 64K registers: 128 x kProducerRegisters + kConsumers x 128 x
+  //! kConsumerRegisters per CTA, times kMinBlocksPerSm.
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 232 : (kMinBlocksPerSm == 2 ? 216 : 232);
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  static_assert(kBlockN == 64 || kBlockN == 128, "wgmma N of 64 or 128 keys");
+  static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
+  static_assert(kMinBlocksPerSm * (128 * kProducerRegisters + kConsumers * 128 * kConsumerRegisters) <= 65536,
+                "register budget of the SM");
+  static_assert(kMinBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024,
+                "shared memory of the SM (228 KB, of which the system reserves 1 KB per CTA)");
 };
 
 //! Backward dQ: like the forward, plus dO resident; recomputes P from the saved LSE.
@@ -69,6 +151,42 @@ struct BwdDkdvConfig {
   static_assert(kBlockN == 16 * kWarps, "one warp per 16 key rows");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(kStages >= 2 && kSmemBytes <= 227 * 1024, "a ring of 2+ stages within the 227 KB an sm_90 CTA may use");
+};
+
+//! Hopper backward (bwd_wgmma_kernels.cuh): one launch of dK/dV and dQ tiles, each CTA one
+//! producer warpgroup (TMA) and two consumer warpgroups (wgmma). The tilings equal the mma.sync
+//! backward's (dK/dV: 128 keys x 64-row q steps; dQ: 128 rows x kDqBlockN-key steps), so both
+//! read the same BlockMasks.
+template <int kHeadDim_, int kStages_>
+struct BwdWgmmaConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kThreads = 3 * 128;
+  static constexpr int kDkdvKeys = 128;  //!< keys per dK/dV tile, 64 per consumer
+  static constexpr int kDkdvRows = 64;   //!< query rows per dK/dV step
+  static constexpr int kDqRows = 128;    //!< query rows per dQ tile, 64 per consumer
+  static constexpr int kDqBlockN = 64;   //!< keys per dQ step
+  static constexpr int kDkdvKvBytes = kDkdvKeys * kHeadDim * 2;  //!< resident K (and V)
+  static constexpr int kDkdvQBytes = kDkdvRows * kHeadDim * 2;   //!< one stage's Q (and dO)
+  static constexpr int kDqQBytes = kDqRows * kHeadDim * 2;       //!< resident Q (and dO)
+  static constexpr int kDqKvBytes = kDqBlockN * kHeadDim * 2;    //!< one stage's K (and V)
+  //! dK/dV: K, V, then per stage Q, dO, (lse2, delta) and the 32-byte mask row of each q row.
+  static constexpr int kDkdvBarrierOffset = 2 * kDkdvKvBytes + kStages * (2 * kDkdvQBytes + kDkdvRows * (8 + 32));
+  //! dQ: Q, dO, then per stage K and V.
+  static constexpr int kDqBarrierOffset = 2 * kDqQBytes + 2 * kStages * kDqKvBytes;
+  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
+  static constexpr int kSmemBytes =
+      1024 + (kDkdvBarrierOffset > kDqBarrierOffset ? kDkdvBarrierOffset : kDqBarrierOffset) + kBarrierBytes;
+  //! Consumers hold dK and dV (2 x kHeadDim / 2 fp32) plus S^T, dP^T (2 x 32) and their bf16
+  //! fragments in the dK/dV tile; dQ, S and dP (kHeadDim / 2 + 2 x 32) in the dQ tile.
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = 232;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  static_assert(kSmemBytes <= 227 * 1024, "within the 227 KB an sm_90 CTA may use");
+  static_assert(128 * kProducerRegisters + 2 * 128 * kConsumerRegisters <= 65536, "register budget of the SM");
+  static_assert(kDkdvKeys == BwdDkdvConfig<kHeadDim>::kBlockN && kDkdvRows == BwdDkdvConfig<kHeadDim>::kBlockM &&
+                    kDqRows == BwdDqConfig<kHeadDim>::kBlockM && kDqBlockN == BwdDqConfig<kHeadDim>::kBlockN,
+                "the same tilings (and so BlockMasks) as the mma.sync backward");
 };
 
 //! Backward prep (delta = rowsum(dO * O), lse2, mask rows): kHeadDim / 8 threads per row, 16-byte

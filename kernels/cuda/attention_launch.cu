@@ -1,16 +1,22 @@
 // Host launchers of the fused attention kernels: head-dim switch -> config -> grid -> launch ->
 // launch check. No LibTorch here (fused_attention_cuda.cpp is the LibTorch boundary).
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/bwd_kernels.cuh"
+#include "kernels/cuda/bwd_wgmma_kernels.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fwd_kernel.cuh"
+#include "kernels/cuda/fwd_wgmma_kernel.cuh"
 #include "kernels/cuda/schedule_kernel.cuh"
 
 namespace harness::kernels::cuda {
@@ -63,8 +69,8 @@ size_t align_up(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAli
 //! real (sees-nothing) entries of the backward's row buffers.
 int padded_q_len(const AttentionShape& shape) { return (shape.q_len + 127) / 128 * 128; }
 
-int64_t fwd_ctas(const AttentionShape& shape, const BlockListParams& blocks) {
-  const TileShape tile = fwd_tile_shape(shape);
+int64_t fwd_ctas(const AttentionShape& shape, const BlockListParams& blocks, FwdKernel kernel) {
+  const TileShape tile = fwd_tile_shape(shape, kernel);
   return static_cast<int64_t>(blocks.num_q_blocks) * (shape.heads / tile.heads_packed) * shape.batch;
 }
 
@@ -102,25 +108,117 @@ void launch_schedule(const device::WorkClass& first, const device::WorkClass& se
   HARNESS_CUDA_LAUNCH_CHECK("build_schedule_kernel");
 }
 
+// ---- Tensor maps (TMA) ----------------------------------------------------------------------------
+
+//! cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    HARNESS_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || function == nullptr) {
+      throw CudaError("fused_cuda attention: the driver has no cuTensorMapEncodeTiled (needs CUDA 12 or newer)");
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encode;
+}
+
+//! 4-D map (head dim, rows, heads, batch) of a bf16 [B, heads, rows, D] tensor with boxes of 64
+//! columns x box_rows rows x box_heads heads, 128-byte swizzle (the wgmma operand layout, see
+//! hopper_utils.cuh). Out-of-bounds rows load as zeros and are not stored.
+CUtensorMap tensor_map(const TensorRef& t, int head_dim, int rows, int heads, int batch, int box_rows, int box_heads,
+                       const char* what) {
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(std::max(rows, 1)),
+                              static_cast<cuuint64_t>(std::max(heads, 1)), static_cast<cuuint64_t>(std::max(batch, 1))};
+  cuuint64_t strides[3] = {static_cast<cuuint64_t>(t.stride_row) * 2, static_cast<cuuint64_t>(t.stride_head) * 2,
+                           static_cast<cuuint64_t>(t.stride_batch) * 2};
+  // A dimension of size 1 is never stepped over, but TMA still rejects a zero (broadcast) stride.
+  for (int i = 0; i < 3; ++i) {
+    if (dims[i + 1] == 1 || strides[i] == 0) strides[i] = i == 0 ? dims[0] * 2 : strides[i - 1] * dims[i];
+  }
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), static_cast<cuuint32_t>(box_heads), 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult status = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, t.data, dims, strides, box,
+                                               element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS) {
+    throw CudaError(std::string("fused_cuda attention: cuTensorMapEncodeTiled failed (CUresult ") + std::to_string(status) +
+                    ") for " + what + ": dims [" + std::to_string(dims[0]) + ", " + std::to_string(dims[1]) + ", " +
+                    std::to_string(dims[2]) + ", " + std::to_string(dims[3]) + "], byte strides [" + std::to_string(strides[0]) +
+                    ", " + std::to_string(strides[1]) + ", " + std::to_string(strides[2]) + "], box [64, " +
+                    std::to_string(box_rows) + ", " + std::to_string(box_heads) + ", 1]");
+  }
+  return map;
+}
+
+//! Maps of the three tensor families: q-side [B, H, Q_LEN, D] with boxes of box_heads x box_rows
+//! packed rows, kv-side [B, H_KV, KV_LEN, D] with boxes of box_rows keys, and the box one consumer
+//! warpgroup stores (its 64 packed rows of a q-side tile, see store_consumer_rows).
+CUtensorMap q_side_map(const TensorRef& t, const AttentionShape& s, int box_rows, int box_heads, const char* what) {
+  return tensor_map(t, s.head_dim, s.q_len, s.heads, s.batch, box_rows, box_heads, what);
+}
+CUtensorMap kv_side_map(const TensorRef& t, const AttentionShape& s, int box_rows, const char* what) {
+  return tensor_map(t, s.head_dim, s.kv_len, s.kv_heads, s.batch, box_rows, 1, what);
+}
+CUtensorMap consumer_rows_map(const TensorRef& t, const AttentionShape& s, const TileShape& tile, const char* what) {
+  return q_side_map(t, s, std::min(tile.block_m, 64), std::max(1, 64 / tile.block_m), what);
+}
+
 // ---- Launches ------------------------------------------------------------------------------------
+
+template <class Cfg>
+void launch_fwd_mma(const FwdParams& params, const WorkItem* schedule, int64_t ctas, cudaStream_t stream) {
+  auto kernel = device::attention_fwd_kernel<Cfg>;
+  set_smem_limit(kernel, Cfg::kSmemBytes);
+  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params, schedule);
+  HARNESS_CUDA_LAUNCH_CHECK("attention_fwd_kernel");
+}
+
+template <class Cfg>
+void launch_fwd_wgmma(const FwdParams& params, const TileShape& tile, const WorkItem* schedule, int64_t ctas,
+                      cudaStream_t stream) {
+  static_assert(Cfg::kBlockM == 64 || Cfg::kBlockM == 128, "one or two warpgroups of 64 rows");
+  if (tile.rows != Cfg::kBlockM || tile.block_n != Cfg::kBlockN) {
+    throw UnsupportedConfig("fused_cuda attention: forward tiling " + std::to_string(tile.rows) + "x" +
+                            std::to_string(tile.block_n) + " does not match its kernel's " + std::to_string(Cfg::kBlockM) +
+                            "x" + std::to_string(Cfg::kBlockN));
+  }
+  const AttentionShape& s = params.shape;
+  device::FwdTensorMaps maps;
+  maps.q = q_side_map(params.q, s, tile.block_m, tile.heads_packed, "q");
+  maps.k = kv_side_map(params.k, s, Cfg::kBlockN, "k");
+  maps.v = kv_side_map(params.v, s, Cfg::kBlockN, "v");
+  maps.o = consumer_rows_map(params.o, s, tile, "o");
+  auto kernel = device::attention_fwd_wgmma_kernel<Cfg>;
+  set_smem_limit(kernel, Cfg::kSmemBytes);
+  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params, maps, schedule);
+  HARNESS_CUDA_LAUNCH_CHECK("attention_fwd_wgmma_kernel");
+}
 
 template <int kHeadDim>
 void launch_fwd(const FwdParams& params, cudaStream_t stream) {
-  using Cfg = FwdConfig<kHeadDim>;
-  const TileShape tile = fwd_tile_shape(params.shape);
+  const TileShape tile = fwd_tile_shape(params.shape, params.kernel);
   check_blocks(params.blocks, tile, "forward");
-  const int64_t ctas = fwd_ctas(params.shape, params.blocks);
+  const int64_t ctas = fwd_ctas(params.shape, params.blocks, params.kernel);
   if (ctas == 0) return;
-  check_scratch(params.scratch, params.scratch_bytes, fwd_scratch_bytes(params.shape, params.blocks), "forward");
+  check_scratch(params.scratch, params.scratch_bytes, fwd_scratch_bytes(params.shape, params.blocks, params.kernel), "forward");
   auto* schedule = static_cast<WorkItem*>(params.scratch);
   // Cost of a q block: its kv blocks plus about one block's worth of Q load and epilogue.
   const device::WorkClass q_blocks{params.blocks.num_q_blocks, params.blocks.kv_num_blocks, params.blocks.full_kv_num_blocks,
                                    1, 1, static_cast<int32_t>(ctas / params.blocks.num_q_blocks)};
   launch_schedule(device::WorkClass{}, q_blocks, schedule, stream);
-  auto kernel = device::attention_fwd_kernel<Cfg>;
-  set_smem_limit(kernel, Cfg::kSmemBytes);
-  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params, schedule);
-  HARNESS_CUDA_LAUNCH_CHECK("attention_fwd_kernel");
+  switch (params.kernel) {
+    case FwdKernel::mma_m128_n64: return launch_fwd_mma<FwdConfig<kHeadDim>>(params, schedule, ctas, stream);
+    case FwdKernel::wgmma_m128_n128:
+      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 128, 2, 2, 1>>(params, tile, schedule, ctas, stream);
+    case FwdKernel::wgmma_m128_n64:
+      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 64, 2, 3, 1>>(params, tile, schedule, ctas, stream);
+    case FwdKernel::wgmma_m64_n64:
+      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 64, 1, 2, 2>>(params, tile, schedule, ctas, stream);
+  }
+  throw UnsupportedConfig("fused_cuda attention: unknown forward kernel " + std::to_string(static_cast<int>(params.kernel)));
 }
 
 template <int kHeadDim>
@@ -161,10 +259,31 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
                                    (params.shape.heads / dq_tile.heads_packed) * params.shape.batch};
   launch_schedule(dkdv_items, dq_items, scratch.schedule, stream);
 
-  auto kernel = device::attention_bwd_kernel<DkdvCfg, DqCfg>;
-  set_smem_limit(kernel, kBwdSmemBytes<kHeadDim>);
-  kernel<<<static_cast<unsigned>(ctas), DkdvCfg::kThreads, kBwdSmemBytes<kHeadDim>, stream>>>(params, scratch);
-  HARNESS_CUDA_LAUNCH_CHECK("attention_bwd_kernel");
+  if (params.kernel == BwdKernel::mma) {
+    auto kernel = device::attention_bwd_kernel<DkdvCfg, DqCfg>;
+    set_smem_limit(kernel, kBwdSmemBytes<kHeadDim>);
+    kernel<<<static_cast<unsigned>(ctas), DkdvCfg::kThreads, kBwdSmemBytes<kHeadDim>, stream>>>(params, scratch);
+    HARNESS_CUDA_LAUNCH_CHECK("attention_bwd_kernel");
+    return;
+  }
+  using Cfg = BwdWgmmaConfig<kHeadDim, 2>;
+  const AttentionShape& s = params.shape;
+  device::BwdTensorMaps maps;
+  maps.q_dkdv = q_side_map(params.q, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "q");
+  maps.dout_dkdv = q_side_map(params.dout, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "dout");
+  maps.k_dkdv = kv_side_map(params.k, s, Cfg::kDkdvKeys, "k");
+  maps.v_dkdv = kv_side_map(params.v, s, Cfg::kDkdvKeys, "v");
+  maps.dk = kv_side_map(params.dk, s, 64, "dk");  // one consumer's 64 keys
+  maps.dv = kv_side_map(params.dv, s, 64, "dv");
+  maps.q_dq = q_side_map(params.q, s, dq_tile.block_m, dq_tile.heads_packed, "q");
+  maps.dout_dq = q_side_map(params.dout, s, dq_tile.block_m, dq_tile.heads_packed, "dout");
+  maps.k_dq = kv_side_map(params.k, s, Cfg::kDqBlockN, "k");
+  maps.v_dq = kv_side_map(params.v, s, Cfg::kDqBlockN, "v");
+  maps.dq = consumer_rows_map(params.dq, s, dq_tile, "dq");
+  auto kernel = device::attention_bwd_wgmma_kernel<Cfg>;
+  set_smem_limit(kernel, Cfg::kSmemBytes);
+  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params, maps, scratch);
+  HARNESS_CUDA_LAUNCH_CHECK("attention_bwd_wgmma_kernel");
 }
 
 std::string describe_tile(const char* name, const TileShape& tile) {
@@ -176,19 +295,45 @@ std::string describe_tile(const char* name, const TileShape& tile) {
 
 bool head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
 
-size_t fwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& blocks) {
-  return align_up(static_cast<size_t>(fwd_ctas(shape, blocks)) * sizeof(WorkItem));
+size_t fwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& blocks, FwdKernel kernel) {
+  return align_up(static_cast<size_t>(fwd_ctas(shape, blocks, kernel)) * sizeof(WorkItem));
+}
+
+const std::vector<FwdKernel>& fwd_kernels() {
+  static const std::vector<FwdKernel> kernels(std::begin(kFwdKernels), std::end(kFwdKernels));
+  return kernels;
+}
+
+const char* fwd_kernel_name(FwdKernel kernel) { return fwd_kernel_label(kernel); }
+
+bool parse_fwd_kernel(const std::string& name, FwdKernel* kernel) {
+  for (FwdKernel candidate : fwd_kernels()) {
+    if (name == fwd_kernel_name(candidate)) {
+      *kernel = candidate;
+      return true;
+    }
+  }
+  return false;
+}
+
+FwdKernel default_fwd_kernel(const AttentionShape& shape) {
+  require_supported(shape);
+  return kDefaultFwdKernel;
 }
 
 size_t bwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks, const BlockListParams& dkdv_blocks) {
   return bwd_layout(shape, dq_blocks, dkdv_blocks).bytes;
 }
 
-TileShape fwd_tile_shape(const AttentionShape& shape) {
+TileShape fwd_tile_shape(const AttentionShape& shape, FwdKernel kernel) {
   require_supported(shape);
   static_assert(FwdConfig<64>::kBlockM == FwdConfig<128>::kBlockM && FwdConfig<64>::kBlockN == FwdConfig<128>::kBlockN,
                 "one forward tiling for both head dims");
-  return packed_tile(shape, FwdConfig<128>::kBlockM, FwdConfig<128>::kBlockN);
+  static_assert(fwd_kernel_tiling(FwdKernel::mma_m128_n64).rows == FwdConfig<128>::kBlockM &&
+                    fwd_kernel_tiling(FwdKernel::mma_m128_n64).block_n == FwdConfig<128>::kBlockN,
+                "the tiling table matches the mma.sync forward's config");
+  const FwdKernelTiling tiling = fwd_kernel_tiling(kernel);
+  return packed_tile(shape, tiling.rows, tiling.block_n);
 }
 
 TileShape bwd_dq_tile_shape(const AttentionShape& shape) {
@@ -206,14 +351,49 @@ TileShape bwd_dkdv_tile_shape(const AttentionShape& shape) {
   return packed_tile(shape, BwdDkdvConfig<128>::kBlockM, BwdDkdvConfig<128>::kBlockN);
 }
 
-std::string describe_fwd_config(const AttentionShape& shape) {
-  return describe_tile("fwd", fwd_tile_shape(shape)) + " warps=" + std::to_string(FwdConfig<128>::kWarps) +
-         " mma.sync.m16n8k16.bf16 cp.async x2, longest first";
+std::string describe_fwd_config(const AttentionShape& shape, FwdKernel kernel) {
+  const std::string tile = describe_tile((std::string("fwd ") + fwd_kernel_name(kernel) + ":").c_str(), fwd_tile_shape(shape, kernel));
+  switch (kernel) {
+    case FwdKernel::mma_m128_n64:
+      return tile + " warps=" + std::to_string(FwdConfig<128>::kWarps) + " mma.sync.m16n8k16.bf16 cp.async x2, longest first";
+    case FwdKernel::wgmma_m128_n128:
+      return tile + " TMA producer + 2 wgmma consumer warpgroups, K/V ring x2, longest first";
+    case FwdKernel::wgmma_m128_n64:
+      return tile + " TMA producer + 2 wgmma consumer warpgroups, K/V ring x3, longest first";
+    case FwdKernel::wgmma_m64_n64:
+      return tile + " TMA producer + 1 wgmma consumer warpgroup, K/V ring x2, 2 CTAs/SM, longest first";
+  }
+  return tile;
 }
 
-std::string describe_bwd_config(const AttentionShape& shape) {
-  return describe_tile("dkdv", bwd_dkdv_tile_shape(shape)) + " + " + describe_tile("dq", bwd_dq_tile_shape(shape)) +
-         " in one launch, longest first, warps=8, deterministic (no atomics)";
+std::string describe_bwd_config(const AttentionShape& shape, BwdKernel kernel) {
+  const std::string tiles = std::string("bwd ") + bwd_kernel_name(kernel) + ": " + describe_tile("dkdv", bwd_dkdv_tile_shape(shape)) +
+                            " + " + describe_tile("dq", bwd_dq_tile_shape(shape)) + " in one launch, longest first, ";
+  if (kernel == BwdKernel::mma) return tiles + "warps=8 mma.sync, deterministic (no atomics)";
+  return tiles + "TMA producer + 2 wgmma consumer warpgroups, ring x2, deterministic (no atomics)";
+}
+
+const std::vector<BwdKernel>& bwd_kernels() {
+  static const std::vector<BwdKernel> kernels = {BwdKernel::wgmma, BwdKernel::mma};
+  return kernels;
+}
+
+const char* bwd_kernel_name(BwdKernel kernel) {
+  switch (kernel) {
+    case BwdKernel::mma: return "mma";
+    case BwdKernel::wgmma: return "wgmma";
+  }
+  return "unknown";
+}
+
+bool parse_bwd_kernel(const std::string& name, BwdKernel* kernel) {
+  for (BwdKernel candidate : bwd_kernels()) {
+    if (name == bwd_kernel_name(candidate)) {
+      *kernel = candidate;
+      return true;
+    }
+  }
+  return false;
 }
 
 void run_attention_fwd(const FwdParams& params, cudaStream_t stream) {

@@ -13,6 +13,9 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "kernels/cuda/attention_config.h"
 
 namespace harness::kernels::cuda {
 
@@ -88,18 +91,20 @@ struct WorkItem {
 //! Forward: o = softmax(scale * q k^T + mask) v, lse = logsumexp per row (natural log, -inf for
 //! rows that see nothing; their o is 0).
 struct FwdParams {
+  FwdKernel kernel = FwdKernel::wgmma_m128_n128;  //!< which kernel runs; blocks must be at its tiling
   AttentionShape shape;
   TensorRef q, k, v, o;
   float* lse = nullptr;
   float scale = 1.0f;
   MaskParams mask;
-  BlockListParams blocks;  //!< at fwd_tile_shape(...)'s (block_m, block_n)
+  BlockListParams blocks;  //!< at fwd_tile_shape(shape, kernel)'s (block_m, block_n)
   void* scratch = nullptr;  //!< device scratch of fwd_scratch_bytes(...) bytes (the schedule)
   size_t scratch_bytes = 0;
 };
 
 //! Backward: dq, dk, dv from q, k, v, o, do and the forward's lse.
 struct BwdParams {
+  BwdKernel kernel = BwdKernel::wgmma;
   AttentionShape shape;
   TensorRef q, k, v, o, dout, dq, dk, dv;
   const float* lse = nullptr;
@@ -128,18 +133,32 @@ class CudaError : public std::runtime_error {
 
 //! Whether head_dim has kernels (64 and 128).
 bool head_dim_supported(int head_dim);
+//! Every forward kernel, in the autotuner's candidate order (the default first).
+const std::vector<FwdKernel>& fwd_kernels();
+//! "wgmma_m128_n128", ...
+const char* fwd_kernel_name(FwdKernel kernel);
+//! The kernel of that name; false when there is none.
+bool parse_fwd_kernel(const std::string& name, FwdKernel* kernel);
+//! The forward kernel to run when nothing was tuned (measured on the H200; see attention_config.h).
+FwdKernel default_fwd_kernel(const AttentionShape& shape);
+//! Every backward kernel, in the autotuner's candidate order (the default first).
+const std::vector<BwdKernel>& bwd_kernels();
+//! "wgmma", "mma".
+const char* bwd_kernel_name(BwdKernel kernel);
+//! The kernel of that name; false when there is none.
+bool parse_bwd_kernel(const std::string& name, BwdKernel* kernel);
 //! Tilings of the three kernels for a problem (throws UnsupportedConfig for other head dims).
-TileShape fwd_tile_shape(const AttentionShape& shape);
+TileShape fwd_tile_shape(const AttentionShape& shape, FwdKernel kernel);
 TileShape bwd_dq_tile_shape(const AttentionShape& shape);
 TileShape bwd_dkdv_tile_shape(const AttentionShape& shape);
 //! Scratch the forward / backward need for a problem and its BlockMasks (a few MB at most:
 //! 8 bytes per CTA for the schedule; backward also 8 bytes per query row and 32 per position).
-size_t fwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& blocks);
+size_t fwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& blocks, FwdKernel kernel);
 size_t bwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks,
                          const BlockListParams& dkdv_blocks);
-//! Human-readable tile configuration for dispatch records ("fwd 128x64 (4 heads x 32 q) ...").
-std::string describe_fwd_config(const AttentionShape& shape);
-std::string describe_bwd_config(const AttentionShape& shape);
+//! Human-readable tile configuration for dispatch records ("fwd wgmma_m128_n128: 128x128 (4 heads x 32 q) ...").
+std::string describe_fwd_config(const AttentionShape& shape, FwdKernel kernel);
+std::string describe_bwd_config(const AttentionShape& shape, BwdKernel kernel);
 
 //! Launches the forward on `stream`. Throws CudaError / UnsupportedConfig.
 void run_attention_fwd(const FwdParams& params, cudaStream_t stream);

@@ -527,15 +527,17 @@ struct Case {
   DeviceBuffer<float> d_lse;
   DeviceBuffer<unsigned char> fwd_scratch, bwd_scratch;
   DeviceBuffer<int32_t> d_anchors, d_doc;
-  HostBlocks fwd_blocks_host, dq_blocks_host, dkdv_blocks_host;
-  DeviceBlocks* fwd_blocks = nullptr;
+  HostBlocks dq_blocks_host, dkdv_blocks_host;
+  // One BlockMask per forward kernel (each reads its own tiling), in fwd_kernels() order.
+  std::vector<HostBlocks> fwd_blocks_host;
+  std::vector<DeviceBlocks*> fwd_blocks;
   DeviceBlocks* dq_blocks = nullptr;
   DeviceBlocks* dkdv_blocks = nullptr;
-  FwdParams fwd;
+  FwdParams fwd;  // set for the kernel under test by use_fwd_kernel()
   BwdParams bwd;
   int64_t pairs = 0;
   ~Case() {
-    delete fwd_blocks;
+    for (DeviceBlocks* b : fwd_blocks) delete b;
     delete dq_blocks;
     delete dkdv_blocks;
   }
@@ -574,13 +576,15 @@ void setup(Case& c, uint64_t seed) {
   c.d_doc = to_device(m.doc_id);
 
   AttentionShape shape{pr.batch, pr.heads, pr.kv_heads, m.q_len, m.kv_len, pr.head_dim};
-  const TileShape ft = fwd_tile_shape(shape);
   const TileShape qt = bwd_dq_tile_shape(shape);
   const TileShape bt = bwd_dkdv_tile_shape(shape);
-  c.fwd_blocks_host = build_blocks(m, ft.block_m, ft.block_n);
+  for (FwdKernel kernel : fwd_kernels()) {
+    const TileShape ft = fwd_tile_shape(shape, kernel);
+    c.fwd_blocks_host.push_back(build_blocks(m, ft.block_m, ft.block_n));
+    c.fwd_blocks.push_back(new DeviceBlocks(c.fwd_blocks_host.back()));
+  }
   c.dq_blocks_host = build_blocks(m, qt.block_m, qt.block_n);
   c.dkdv_blocks_host = build_blocks(m, bt.block_m, bt.block_n);
-  c.fwd_blocks = new DeviceBlocks(c.fwd_blocks_host);
   c.dq_blocks = new DeviceBlocks(c.dq_blocks_host);
   c.dkdv_blocks = new DeviceBlocks(c.dkdv_blocks_host);
 
@@ -604,8 +608,11 @@ void setup(Case& c, uint64_t seed) {
   c.fwd.lse = c.d_lse.ptr;
   c.fwd.scale = c.scale;
   c.fwd.mask = mp;
-  c.fwd.blocks = c.fwd_blocks->params;
-  c.fwd_scratch = DeviceBuffer<unsigned char>(fwd_scratch_bytes(shape, c.fwd.blocks));
+  size_t fwd_scratch = 0;
+  for (size_t i = 0; i < fwd_kernels().size(); ++i) {
+    fwd_scratch = std::max(fwd_scratch, fwd_scratch_bytes(shape, c.fwd_blocks[i]->params, fwd_kernels()[i]));
+  }
+  c.fwd_scratch = DeviceBuffer<unsigned char>(fwd_scratch);
   c.fwd.scratch = c.fwd_scratch.ptr;
   c.fwd.scratch_bytes = c.fwd_scratch.count;
 
@@ -672,6 +679,21 @@ Outputs gpu_reference(Case& c) {
   return Outputs{o.download(), lse.download(), dq.download(), dk.download(), dv.download()};
 }
 
+//! Points c.fwd at forward kernel `index` of fwd_kernels() and its BlockMask.
+void use_fwd_kernel(Case& c, size_t index) {
+  c.fwd.kernel = fwd_kernels()[index];
+  c.fwd.blocks = c.fwd_blocks[index]->params;
+}
+
+//! Index in fwd_kernels() of the kernel the launcher runs when nothing was tuned.
+size_t default_fwd_index(const Case& c) {
+  const FwdKernel kernel = default_fwd_kernel(c.fwd.shape);
+  for (size_t i = 0; i < fwd_kernels().size(); ++i) {
+    if (fwd_kernels()[i] == kernel) return i;
+  }
+  throw std::runtime_error("default forward kernel is not among fwd_kernels()");
+}
+
 void poison(Case& c) {
   HARNESS_CUDA_CHECK(cudaMemset(c.d_o.ptr, 0xff, c.d_o.count * 2));  // 0xffff is a bf16 NaN
   HARNESS_CUDA_CHECK(cudaMemset(c.d_dq.ptr, 0xff, c.d_dq.count * 2));
@@ -680,8 +702,10 @@ void poison(Case& c) {
   HARNESS_CUDA_CHECK(cudaMemset(c.d_lse.ptr, 0xff, c.d_lse.count * 4));
 }
 
+//! The default forward kernel, then the backward.
 Outputs run_ours(Case& c) {
   poison(c);
+  use_fwd_kernel(c, default_fwd_index(c));
   run_attention_fwd(c.fwd, nullptr);
   run_attention_bwd(c.bwd, nullptr);
   HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
@@ -713,13 +737,18 @@ bool check(const char* what, const char* against, const Errors& e, double tol) {
   return ok;
 }
 
-void check_outputs(const Outputs& ours, const Outputs& ref, const char* against, double tol_out, double tol_grad) {
-  check("out", against, compare(ours.o, ref.o), tol_out);
-  const Errors lse = compare_lse(ours.lse, ref.lse);
+void check_forward(const std::vector<float>& o, const std::vector<float>& lse_values, const Outputs& ref, const char* against,
+                   double tol_out) {
+  check("out", against, compare(o, ref.o), tol_out);
+  const Errors lse = compare_lse(lse_values, ref.lse);
   const bool lse_ok = lse.nonfinite == 0 && lse.max_abs < 1e-2;
   say("    lse  vs %-4s max_abs %.2e  nonfinite %lld  %s\n", against, lse.max_abs, static_cast<long long>(lse.nonfinite),
       lse_ok ? "ok" : "FAIL");
   if (!lse_ok) ++g_failures;
+}
+
+void check_outputs(const Outputs& ours, const Outputs& ref, const char* against, double tol_out, double tol_grad) {
+  check_forward(ours.o, ours.lse, ref, against, tol_out);
   check("dq", against, compare(ours.dq, ref.dq), tol_grad);
   check("dk", against, compare(ours.dk, ref.dk), tol_grad);
   check("dv", against, compare(ours.dv, ref.dv), tol_grad);
@@ -727,8 +756,12 @@ void check_outputs(const Outputs& ours, const Outputs& ref, const char* against,
 
 // ---- Timing -------------------------------------------------------------------------------------
 
+struct BwdTiming {
+  double bwd_ms = 0, prep_dkdv_dq_ms[3] = {0, 0, 0};
+};
 struct Timing {
-  double fwd_ms = 0, bwd_ms = 0, prep_dkdv_dq_ms[3] = {0, 0, 0};
+  std::vector<double> fwd_ms;  //!< per forward kernel, fwd_kernels() order
+  std::vector<BwdTiming> bwd;  //!< per backward kernel, bwd_kernels() order
 };
 
 double median(std::vector<double> v) {
@@ -756,19 +789,29 @@ Timing time_case(Case& c, int reps) {
     return median(ms);
   };
   Timing t;
-  t.fwd_ms = time_one([&] { run_attention_fwd(c.fwd, nullptr); });
-  t.bwd_ms = time_one([&] { run_attention_bwd(c.bwd, nullptr); });
-  // Breakdown: an empty block list contributes no CTA to the merged launch (see launch_bwd), so
-  // these are prep alone, then prep + dK/dV CTAs; the dQ share is the rest.
-  BwdParams only_prep = c.bwd, prep_dkdv = c.bwd;
-  only_prep.dq_blocks.num_q_blocks = 0;
-  only_prep.dkdv_blocks.num_kv_blocks = 0;
-  prep_dkdv.dq_blocks.num_q_blocks = 0;
-  const double prep_ms = time_one([&] { run_attention_bwd(only_prep, nullptr); });
-  const double prep_dkdv_ms = time_one([&] { run_attention_bwd(prep_dkdv, nullptr); });
-  t.prep_dkdv_dq_ms[0] = prep_ms;
-  t.prep_dkdv_dq_ms[1] = prep_dkdv_ms - prep_ms;
-  t.prep_dkdv_dq_ms[2] = t.bwd_ms - prep_dkdv_ms;
+  for (size_t i = 0; i < fwd_kernels().size(); ++i) {
+    use_fwd_kernel(c, i);
+    t.fwd_ms.push_back(time_one([&] { run_attention_fwd(c.fwd, nullptr); }));
+  }
+  use_fwd_kernel(c, default_fwd_index(c));
+  for (BwdKernel kernel : bwd_kernels()) {
+    BwdTiming b;
+    BwdParams params = c.bwd;
+    params.kernel = kernel;
+    b.bwd_ms = time_one([&] { run_attention_bwd(params, nullptr); });
+    // Breakdown: an empty block list contributes no CTA to the merged launch (see launch_bwd), so
+    // these are prep alone, then prep + dK/dV CTAs; the dQ share is the rest.
+    BwdParams only_prep = params, prep_dkdv = params;
+    only_prep.dq_blocks.num_q_blocks = 0;
+    only_prep.dkdv_blocks.num_kv_blocks = 0;
+    prep_dkdv.dq_blocks.num_q_blocks = 0;
+    const double prep_ms = time_one([&] { run_attention_bwd(only_prep, nullptr); });
+    const double prep_dkdv_ms = time_one([&] { run_attention_bwd(prep_dkdv, nullptr); });
+    b.prep_dkdv_dq_ms[0] = prep_ms;
+    b.prep_dkdv_dq_ms[1] = prep_dkdv_ms - prep_ms;
+    b.prep_dkdv_dq_ms[2] = b.bwd_ms - prep_dkdv_ms;
+    t.bwd.push_back(b);
+  }
   HARNESS_CUDA_CHECK(cudaEventDestroy(e0));
   HARNESS_CUDA_CHECK(cudaEventDestroy(e1));
   return t;
@@ -839,7 +882,7 @@ int main(int argc, char** argv) {
       std::string name;
       int64_t pairs;
       Timing t;
-      double fwd_tflops, bwd_tflops;
+      std::vector<double> fwd_tflops, bwd_tflops;
     };
     std::vector<Row> table;
     for (const Problem& pr : problems) {
@@ -848,23 +891,56 @@ int main(int argc, char** argv) {
       setup(c, 1234);
       c.pairs = count_pairs(pr.mask);
       const AttentionShape shape{pr.batch, pr.heads, pr.kv_heads, pr.mask.q_len, pr.mask.kv_len, pr.head_dim};
-      say("== %s: B%d H%d KV%d D%d q%d kv%d pairs %lld (%.1f%%), blocks fwd %lld partial %lld full, dkdv %lld/%lld\n"
-          "   %s | %s\n",
+      say("== %s: B%d H%d KV%d D%d q%d kv%d pairs %lld (%.1f%%), blocks dkdv %lld partial %lld full\n   %s\n",
           pr.name.c_str(), pr.batch, pr.heads, pr.kv_heads, pr.head_dim, pr.mask.q_len, pr.mask.kv_len,
           static_cast<long long>(c.pairs), 100.0 * c.pairs / (static_cast<double>(pr.mask.q_len) * pr.mask.kv_len),
-          static_cast<long long>(c.fwd_blocks_host.partial), static_cast<long long>(c.fwd_blocks_host.full),
           static_cast<long long>(c.dkdv_blocks_host.partial), static_cast<long long>(c.dkdv_blocks_host.full),
-          describe_fwd_config(shape).c_str(), describe_bwd_config(shape).c_str());
+          describe_bwd_config(shape, c.bwd.kernel).c_str());
+      for (size_t i = 0; i < fwd_kernels().size(); ++i) {
+        say("   %s | blocks %lld partial %lld full\n", describe_fwd_config(shape, fwd_kernels()[i]).c_str(),
+            static_cast<long long>(c.fwd_blocks_host[i].partial), static_cast<long long>(c.fwd_blocks_host[i].full));
+      }
       const Outputs ours = run_ours(c);
       // Bitwise reproducibility of the backward (no atomics: every run must give the same bits).
-      const std::vector<uint16_t> dk1 = c.d_dk.download(), dq1 = c.d_dq.download();
-      run_attention_bwd(c.bwd, nullptr);
-      HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
-      const bool same = dk1 == c.d_dk.download() && dq1 == c.d_dq.download();
-      say("    backward bitwise reproducible: %s\n", same ? "yes" : "NO");
-      if (!same) ++g_failures;
+      auto check_reproducible = [&](const BwdParams& params) {
+        const std::vector<uint16_t> dk1 = c.d_dk.download(), dv1 = c.d_dv.download(), dq1 = c.d_dq.download();
+        run_attention_bwd(params, nullptr);
+        HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
+        const bool same = dk1 == c.d_dk.download() && dv1 == c.d_dv.download() && dq1 == c.d_dq.download();
+        say("    %s backward bitwise reproducible: %s\n", bwd_kernel_name(params.kernel), same ? "yes" : "NO");
+        if (!same) ++g_failures;
+      };
+      check_reproducible(c.bwd);
       const Outputs ref = gpu_reference(c);
+      say("    [%s forward, %s backward]\n", fwd_kernel_name(c.fwd.kernel), bwd_kernel_name(c.bwd.kernel));
       check_outputs(ours, ref, "gpu", 1e-2, 2e-2);
+      // Every other backward kernel on the default forward's outputs, gradients poisoned first.
+      for (BwdKernel kernel : bwd_kernels()) {
+        if (kernel == c.bwd.kernel) continue;
+        BwdParams params = c.bwd;
+        params.kernel = kernel;
+        HARNESS_CUDA_CHECK(cudaMemset(c.d_dq.ptr, 0xff, c.d_dq.count * 2));
+        HARNESS_CUDA_CHECK(cudaMemset(c.d_dk.ptr, 0xff, c.d_dk.count * 2));
+        HARNESS_CUDA_CHECK(cudaMemset(c.d_dv.ptr, 0xff, c.d_dv.count * 2));
+        run_attention_bwd(params, nullptr);
+        HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
+        say("    [%s backward]\n", bwd_kernel_name(kernel));
+        check("dq", "gpu", compare(bf16_to_float(c.d_dq.download()), ref.dq), 2e-2);
+        check("dk", "gpu", compare(bf16_to_float(c.d_dk.download()), ref.dk), 2e-2);
+        check("dv", "gpu", compare(bf16_to_float(c.d_dv.download()), ref.dv), 2e-2);
+        check_reproducible(params);
+      }
+      // Every other forward kernel: output and LSE against the same reference, poisoned first.
+      for (size_t i = 0; i < fwd_kernels().size(); ++i) {
+        if (i == default_fwd_index(c)) continue;
+        poison(c);
+        use_fwd_kernel(c, i);
+        run_attention_fwd(c.fwd, nullptr);
+        HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
+        say("    [%s forward]\n", fwd_kernel_name(c.fwd.kernel));
+        check_forward(bf16_to_float(c.d_o.download()), c.d_lse.download(), ref, "gpu", 1e-2);
+      }
+      use_fwd_kernel(c, default_fwd_index(c));
       if (pr.cpu_check) {
         const Outputs cpu = cpu_reference(pr, bf16_to_float(c.q), bf16_to_float(c.k), bf16_to_float(c.v),
                                           bf16_to_float(c.dout), c.scale);
@@ -877,17 +953,26 @@ int main(int argc, char** argv) {
         row.name = pr.name;
         row.pairs = c.pairs * pr.batch * pr.heads;
         row.t = time_case(c, 20);
-        row.fwd_tflops = 4.0 * row.pairs * pr.head_dim / (row.t.fwd_ms * 1e-3) / 1e12;
-        row.bwd_tflops = 10.0 * row.pairs * pr.head_dim / (row.t.bwd_ms * 1e-3) / 1e12;
+        for (double ms : row.t.fwd_ms) row.fwd_tflops.push_back(4.0 * row.pairs * pr.head_dim / (ms * 1e-3) / 1e12);
+        for (const BwdTiming& b : row.t.bwd) row.bwd_tflops.push_back(10.0 * row.pairs * pr.head_dim / (b.bwd_ms * 1e-3) / 1e12);
         table.push_back(row);
       }
     }
     say("\nTiming (H200, median of 20, L2 flushed before each rep; TFLOP/s of visible pairs only:\n"
         "fwd 4*pairs*D, bwd 10*pairs*D, pairs summed over heads)\n");
-    say("| case | fwd ms | bwd ms | bwd: prep / +dkdv / +dq ms | fwd TFLOP/s | bwd TFLOP/s |\n|---|---|---|---|---|---|\n");
+    say("| case | forward kernel | fwd ms | fwd TFLOP/s |\n|---|---|---|---|\n");
     for (const Row& r : table) {
-      say("| %s | %.3f | %.3f | %.3f / %.3f / %.3f | %.0f | %.0f |\n", r.name.c_str(), r.t.fwd_ms, r.t.bwd_ms,
-          r.t.prep_dkdv_dq_ms[0], r.t.prep_dkdv_dq_ms[1], r.t.prep_dkdv_dq_ms[2], r.fwd_tflops, r.bwd_tflops);
+      for (size_t i = 0; i < r.t.fwd_ms.size(); ++i) {
+        say("| %s | %s | %.3f | %.0f |\n", r.name.c_str(), fwd_kernel_name(fwd_kernels()[i]), r.t.fwd_ms[i], r.fwd_tflops[i]);
+      }
+    }
+    say("\n| case | backward kernel | bwd ms | bwd: prep / +dkdv / +dq ms | bwd TFLOP/s |\n|---|---|---|---|---|\n");
+    for (const Row& r : table) {
+      for (size_t i = 0; i < r.t.bwd.size(); ++i) {
+        const BwdTiming& b = r.t.bwd[i];
+        say("| %s | %s | %.3f | %.3f / %.3f / %.3f | %.0f |\n", r.name.c_str(), bwd_kernel_name(bwd_kernels()[i]), b.bwd_ms,
+            b.prep_dkdv_dq_ms[0], b.prep_dkdv_dq_ms[1], b.prep_dkdv_dq_ms[2], r.bwd_tflops[i]);
+      }
     }
     say("\n%s: %d failed checks\n", g_failures ? "FAILED" : "PASSED", g_failures);
   } catch (const std::exception& error) {

@@ -23,6 +23,7 @@
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/fwd_kernel.cuh"
 #include "kernels/cuda/mask_device.cuh"
+#include "kernels/cuda/tile_math.cuh"
 
 namespace harness::kernels::cuda::device {
 
@@ -74,6 +75,21 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
 }
 
+//! A dQ tile's row info for this thread's two rows (from the prep kernel): mask, lse2, delta.
+__device__ __forceinline__ void load_row_info(const BwdParams& p, const BwdScratch& scratch, const PackedRows& rows, int batch,
+                                              const int (&my_row)[2], QueryMask (&row_mask)[2], float (&row_lse2)[2],
+                                              float (&row_delta)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int q = rows.query(my_row[i]);  // < q_pad: padded rows have "nothing visible" entries
+    row_mask[i] = scratch.mask_rows[q].mask;
+    const float2 stats =
+        scratch.row_stats[(static_cast<int64_t>(batch) * p.shape.heads + rows.head(my_row[i])) * scratch.q_pad + q];
+    row_lse2[i] = stats.x;
+    row_delta[i] = stats.y;
+  }
+}
+
 //! dK/dV of one kv block of one kv head (see the file comment).
 template <class Cfg>
 __device__ __forceinline__ void bwd_dkdv_tile(const BwdParams& p, const BwdScratch& scratch, unsigned char* smem,
@@ -114,17 +130,11 @@ __device__ __forceinline__ void bwd_dkdv_tile(const BwdParams& p, const BwdScrat
   });
   cp_async_commit();
 
-  const int num_partial = __ldg(blocks.q_num_blocks + kv_block);
-  const int num_q_blocks = num_partial + __ldg(blocks.full_q_num_blocks + kv_block);
-  const int32_t* partial_list = blocks.q_indices + static_cast<int64_t>(kv_block) * blocks.num_q_blocks;
-  const int32_t* full_list = blocks.full_q_indices + static_cast<int64_t>(kv_block) * blocks.num_q_blocks;
+  const VisitList q_list = q_blocks_of(blocks, kv_block);
+  const int num_partial = q_list.num_partial, num_q_blocks = q_list.count;
   // Steps run over (head pack, q block): every query head of the group, so dK/dV end complete.
   const int num_steps = (group / heads_packed) * num_q_blocks;
-  auto q_block_at = [&](int step) {
-    if (step >= num_steps) return 0;
-    const int t = step % num_q_blocks;
-    return t < num_partial ? __ldg(partial_list + t) : __ldg(full_list + t - num_partial);
-  };
+  auto q_block_at = [&](int step) { return step >= num_steps ? 0 : q_list.at(step % num_q_blocks); };
   auto load_q = [&](int step, int q_block, int stage) {
     const PackedRows rows{block_m_shift, kv_head * group + (step / num_q_blocks) * heads_packed, q_block * blocks.block_m};
     const uint32_t offset = static_cast<uint32_t>(stage * QTile::kBytes);
@@ -183,46 +193,17 @@ __device__ __forceinline__ void bwd_dkdv_tile(const BwdParams& p, const BwdScrat
     // S^T: 16 keys x kBlockM queries for this warp.
     float st[kBlockM / 8][4] = {};
     gemm_rows_by_rows<kHeadDim, kBlockM / 8>(st, s_k, first_row, s_q_stage, 0);
-    if (step % num_q_blocks < num_partial) {
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = j * 8 + (lane & 3) * 2 + (e & 1);
-          if (!visible(masks[col].mask, p.mask.doc_id, my_kv[e >> 1])) st[j][e] = -INFINITY;
-        }
-      }
-    }
+    if (step % num_q_blocks < num_partial) mask_scores_transposed<kBlockM>(st, masks, kBlockM - 1, p.mask.doc_id, my_kv);
     // P^T, then dV += P^T dO. P^T is kept as the bf16 A fragments the MMA takes (16 registers
-    // instead of 32), and dS^T below is computed from the same rounded P^T, whose error is below
-    // the bf16 rounding dS^T gets anyway.
-#pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j) {
-      const int col = j * 8 + (lane & 3) * 2;
-      const float l0 = stats[col].x, l1 = stats[col + 1].x;
-      st[j][0] = exp2_approx(fmaf(st[j][0], scale_log2, -l0));
-      st[j][1] = exp2_approx(fmaf(st[j][1], scale_log2, -l1));
-      st[j][2] = exp2_approx(fmaf(st[j][2], scale_log2, -l0));
-      st[j][3] = exp2_approx(fmaf(st[j][3], scale_log2, -l1));
-    }
+    // instead of 32), and dS^T below is computed from the same rounded P^T.
+    probabilities_transposed<kBlockM>(st, stats, scale_log2);
     uint32_t pt[kBlockM / 16][4];
     to_a_fragments<kBlockM / 16>(pt, st);
     gemm_frags_by_tile<kHeadDim, kBlockM / 16>(acc_dv, pt, s_do_stage, 0);
     // dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
     float dpt[kBlockM / 8][4] = {};
     gemm_rows_by_rows<kHeadDim, kBlockM / 8>(dpt, s_v, first_row, s_do_stage, 0);
-#pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j) {
-      const int col = j * 8 + (lane & 3) * 2;
-      const float d0 = stats[col].y, d1 = stats[col + 1].y;
-      // C tile j is half (j % 2) of A fragment j / 2: its row g in register 2 (j % 2), row g + 8 next.
-      const float2 p_top = unpack_bf16(pt[j / 2][(j % 2) * 2]);
-      const float2 p_bottom = unpack_bf16(pt[j / 2][(j % 2) * 2 + 1]);
-      dpt[j][0] = p_top.x * (dpt[j][0] - d0);
-      dpt[j][1] = p_top.y * (dpt[j][1] - d1);
-      dpt[j][2] = p_bottom.x * (dpt[j][2] - d0);
-      dpt[j][3] = p_bottom.y * (dpt[j][3] - d1);
-    }
+    score_gradients_transposed<kBlockM>(dpt, pt, stats);
     gemm_regs_by_tile<kHeadDim, kBlockM / 16>(acc_dk, dpt, s_q_stage, 0);
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];
@@ -276,15 +257,9 @@ __device__ __forceinline__ void bwd_dq_tile(const BwdParams& p, const BwdScratch
   });
   cp_async_commit();
 
-  const int num_partial = __ldg(blocks.kv_num_blocks + q_block);
-  const int num_blocks = num_partial + __ldg(blocks.full_kv_num_blocks + q_block);
-  const int32_t* partial_list = blocks.kv_indices + static_cast<int64_t>(q_block) * blocks.num_kv_blocks;
-  const int32_t* full_list = blocks.full_kv_indices + static_cast<int64_t>(q_block) * blocks.num_kv_blocks;
-  auto kv_block_at = [&](int step) {
-    return step >= num_blocks ? 0
-           : step < num_partial ? __ldg(partial_list + step)
-                                : __ldg(full_list + step - num_partial);
-  };
+  const VisitList kv_list = kv_blocks_of(blocks, q_block);
+  const int num_partial = kv_list.num_partial, num_blocks = kv_list.count;
+  auto kv_block_at = [&](int step) { return kv_list.at(step); };
   auto load_kv = [&](int kv_block, int stage) {
     const int kv0 = kv_block * kBlockN;
     const uint32_t offset = static_cast<uint32_t>(stage * KvTile::kBytes);
@@ -310,15 +285,7 @@ __device__ __forceinline__ void bwd_dq_tile(const BwdParams& p, const BwdScratch
   QueryMask row_mask[2];
   float row_lse2[2];
   float row_delta[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int q = rows.query(my_row[i]);  // < q_pad: padded rows have "nothing visible" entries
-    row_mask[i] = scratch.mask_rows[q].mask;
-    const float2 stats =
-        scratch.row_stats[(static_cast<int64_t>(batch) * p.shape.heads + rows.head(my_row[i])) * scratch.q_pad + q];
-    row_lse2[i] = stats.x;
-    row_delta[i] = stats.y;
-  }
+  load_row_info(p, scratch, rows, batch, my_row, row_mask, row_lse2, row_delta);
   const float scale_log2 = p.scale * kLog2e;
 
   float acc_dq[kHeadDim / 8][4] = {};
@@ -335,28 +302,11 @@ __device__ __forceinline__ void bwd_dq_tile(const BwdParams& p, const BwdScratch
     float s[kBlockN / 8][4] = {};
     gemm_rows_by_rows<kHeadDim, kBlockN / 8>(s, s_q, first_row, s_k_stage, 0);
     const int kv0 = upcoming[0] * kBlockN;
-    if (step < num_partial || kv0 + kBlockN > kv_len) {
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kv = kv0 + j * 8 + (lane & 3) * 2 + (e & 1);
-          if (!visible(row_mask[e >> 1], p.mask.doc_id, kv)) s[j][e] = -INFINITY;
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = exp2_approx(fmaf(s[j][e], scale_log2, -row_lse2[e >> 1]));
-    }
+    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask.doc_id, kv0);
+    probabilities<kBlockN>(s, row_lse2, scale_log2);
     float dp[kBlockN / 8][4] = {};
     gemm_rows_by_rows<kHeadDim, kBlockN / 8>(dp, s_do, first_row, s_v_stage, 0);
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] *= dp[j][e] - row_delta[e >> 1];
-    }
+    score_gradients<kBlockN>(s, dp, row_delta);
     gemm_regs_by_tile<kHeadDim, kBlockN / 16>(acc_dq, s, s_k_stage, 0);
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];

@@ -6,16 +6,29 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "build_info.h"
+#include "git_info.h"
+#include "kernels/autotune.h"
 #include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/boundary.h"
+#include "kernels/cuda/cuda_check.h"
 
 namespace harness::kernels {
 
@@ -26,6 +39,9 @@ namespace kc = harness::kernels::cuda;
 //! What the backward needs besides the saved tensors. The BlockMask tensors and mask arrays are
 //! held here (reference counted), so the graph stays valid even if the MaskContext goes away.
 struct FusedCudaState : torch::CustomClassHolder {
+  kc::FwdKernel fwd_kernel = kc::FwdKernel::wgmma_m128_n128;
+  std::string requested_bwd;  //!< CudaKernelChoice::bwd of the call ("" = autotune)
+  std::string mask_kind;      //!< for the autotuner's key
   kc::AttentionShape shape;
   kc::MaskParams mask;
   at::Tensor anchors, doc_id;
@@ -89,6 +105,120 @@ void launch(Launch&& body) {
   }
 }
 
+// ---- Kernel choice: forced, default, or autotuned ------------------------------------------------
+
+//! Which kernel runs and how it was chosen (for the dispatch record).
+struct KernelPick {
+  std::string name;
+  std::string how;
+};
+
+//! HARNESS_AUTOTUNE=off (or 0) turns timing off: every call then runs the default kernels.
+bool autotune_enabled() {
+  const char* value = std::getenv("HARNESS_AUTOTUNE");
+  return value == nullptr || (std::string(value) != "off" && std::string(value) != "0");
+}
+
+std::string environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
+//! One autotuner per device for the process, keyed by the GPU and this build, with the disk cache
+//! of default_autotune_cache_path() (memory only when there is no HOME and no HARNESS_AUTOTUNE_CACHE).
+Autotuner& device_autotuner(int device) {
+  static std::mutex mutex;
+  static std::map<int, std::unique_ptr<Autotuner>> tuners;
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<Autotuner>& tuner = tuners[device];
+  if (!tuner) {
+    const auto* properties = at::cuda::getDeviceProperties(device);
+    AutotuneOptions options;
+    options.device_identity = std::string(properties->name) + "|sm" + std::to_string(properties->major) +
+                              std::to_string(properties->minor) + "|" + std::to_string(properties->multiProcessorCount) +
+                              " SMs";
+    options.build_identity = std::string("harness ") + HARNESS_GIT_COMMIT + "|nvcc " + HARNESS_NVCC_VERSION + "|sm " +
+                             HARNESS_CUDA_ARCHS;
+    try {
+      options.cache_path = default_autotune_cache_path();
+    } catch (const std::exception&) {
+      options.use_disk_cache = false;
+    }
+    tuner = std::make_unique<Autotuner>(options);
+  }
+  return *tuner;
+}
+
+//! Median of 5 timed launches after one warm-up (module load, tensor-map encoding), CUDA events on
+//! `stream`. Candidates are timed on the call's own inputs, into scratch outputs.
+double time_launches_ms(cudaStream_t stream, const std::function<void()>& launch) {
+  launch();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  HARNESS_CUDA_CHECK(cudaEventCreate(&start));
+  HARNESS_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int i = 0; i < 5; ++i) {
+    HARNESS_CUDA_CHECK(cudaEventRecord(start, stream));
+    launch();
+    HARNESS_CUDA_CHECK(cudaEventRecord(stop, stream));
+    HARNESS_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    HARNESS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+std::string timings_text(const Choice& choice) {
+  std::vector<CandidateTiming> sorted = choice.timings;
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.time_ms < b.time_ms; });
+  std::string text;
+  for (const CandidateTiming& timing : sorted) {
+    char ms[32];
+    std::snprintf(ms, sizeof ms, " %.3f ms", timing.time_ms);
+    text += (text.empty() ? "" : ", ") + timing.config + (std::isfinite(timing.time_ms) ? std::string(ms) : " cannot run");
+  }
+  return text;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string text;
+  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
+//! The kernel named by the call's options, else by `env_name`, else the autotuner's choice among
+//! `names` for `key` (timed by `time`), else (autotuning off) `fallback`.
+KernelPick pick_kernel(const std::string& requested, const char* env_name, const std::vector<std::string>& names,
+                       const std::string& fallback, const AutotuneKey& key, const TimingFunction& time, int device) {
+  std::string forced = requested;
+  std::string source = "the call's options";
+  if (forced.empty()) {
+    forced = environment(env_name);
+    source = env_name;
+  }
+  if (!forced.empty()) {
+    if (std::find(names.begin(), names.end(), forced) == names.end()) {
+      throw UnsupportedError(std::string(kWho) + ": unknown kernel \"" + forced + "\" (" + source + "); known: " + joined(names));
+    }
+    return {forced, "forced by " + source};
+  }
+  if (!autotune_enabled()) return {fallback, "default (HARNESS_AUTOTUNE=off)"};
+  const Choice choice = device_autotuner(device).choose(key, names, time);
+  return {choice.config, std::string("autotuned (") + choice_source_name(choice.source) + ", key " + key.canonical() +
+                             "): " + timings_text(choice)};
+}
+
+//! The autotuner's key of a call: op with the head counts, head dim, dtype, mask kind, lengths.
+AutotuneKey tuning_key(const char* op, const FusedCudaState& state) {
+  const std::string name = std::string(op) + "_h" + std::to_string(state.shape.heads) + "_kv" +
+                           std::to_string(state.shape.kv_heads) + "_b" + std::to_string(state.shape.batch);
+  return AutotuneKey::attention(name, state.shape.head_dim, "bf16", state.mask_kind, state.shape.q_len, state.shape.kv_len);
+}
+
 class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
@@ -97,6 +227,7 @@ class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> 
     at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
     kc::FwdParams params;
+    params.kernel = state->fwd_kernel;
     params.shape = state->shape;
     params.q = tensor_ref(q);
     params.k = tensor_ref(k);
@@ -108,7 +239,7 @@ class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> 
     params.blocks = block_list(state->fwd_blocks);
     at::Tensor scratch;
     launch([&] {
-      scratch = at::empty({static_cast<int64_t>(kc::fwd_scratch_bytes(params.shape, params.blocks))},
+      scratch = at::empty({static_cast<int64_t>(kc::fwd_scratch_bytes(params.shape, params.blocks, params.kernel))},
                           q.options().dtype(at::kByte));
       params.scratch = scratch.data_ptr();
       params.scratch_bytes = static_cast<size_t>(scratch.numel());
@@ -148,20 +279,42 @@ class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> 
     params.mask = state->mask;
     params.dq_blocks = block_list(state->dq_blocks);
     params.dkdv_blocks = block_list(state->dkdv_blocks);
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
     at::Tensor scratch;
+    KernelPick pick;
     launch([&] {
       scratch = at::empty({static_cast<int64_t>(kc::bwd_scratch_bytes(params.shape, params.dq_blocks, params.dkdv_blocks))},
                           q.options().dtype(at::kByte));
       params.scratch = scratch.data_ptr();
       params.scratch_bytes = static_cast<size_t>(scratch.numel());
-      kc::run_attention_bwd(params, at::cuda::getCurrentCUDAStream(q.device().index()).stream());
+      std::vector<std::string> names;
+      for (kc::BwdKernel kernel : kc::bwd_kernels()) names.push_back(kc::bwd_kernel_name(kernel));
+      // Candidates write scratch gradients (same shapes), never the real ones.
+      const TimingFunction time = [&](const std::string& name) {
+        kc::BwdParams trial = params;
+        kc::parse_bwd_kernel(name, &trial.kernel);
+        const at::Tensor tq = at::empty_like(dq), tk = at::empty_like(dk), tv = at::empty_like(dv);
+        trial.dq = tensor_ref(tq);
+        trial.dk = tensor_ref(tk);
+        trial.dv = tensor_ref(tv);
+        try {
+          return time_launches_ms(stream, [&] { kc::run_attention_bwd(trial, stream); });
+        } catch (const kc::UnsupportedConfig&) {
+          return std::numeric_limits<double>::infinity();
+        }
+      };
+      pick = pick_kernel(state->requested_bwd, "HARNESS_CUDA_BWD_KERNEL", names, names.front(),
+                         tuning_key("attention_bwd", *state), time, q.device().index());
+      kc::parse_bwd_kernel(pick.name, &params.kernel);
+      kc::run_attention_bwd(params, stream);
     });
     if (state->trace) {
       state->trace->record({"attention_bwd", "fused_cuda", q.device().str(),
                             std::string("fused backward: P recomputed from the LSE, dK/dV per kv block over the GQA "
                                         "group's heads, dQ per q block; no atomics, bitwise deterministic (deterministic=") +
-                                (state->deterministic ? "true" : "false") + " costs nothing)",
-                            kc::describe_bwd_config(state->shape)});
+                                (state->deterministic ? "true" : "false") + " costs nothing); kernel " + pick.name + " " +
+                                pick.how,
+                            kc::describe_bwd_config(state->shape, params.kernel)});
     }
     return {dq, dk, dv, at::Tensor()};
   }
@@ -170,7 +323,7 @@ class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> 
 }  // namespace
 
 at::Tensor fused_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, MaskContext& mask,
-                                double scale, bool deterministic, DispatchTrace* trace) {
+                                double scale, bool deterministic, DispatchTrace* trace, const CudaKernelChoice& kernels) {
   TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4, "fused_cuda attention: q, k, v must be 4-D [B, H, L, D]");
   if (!q_in.is_cuda()) {
     throw UnsupportedError("fused_cuda attention: tensors are on " + q_in.device().str() + ", the kernels need a CUDA device");
@@ -213,6 +366,8 @@ at::Tensor fused_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, 
   state->scale = static_cast<float>(scale);
   state->deterministic = deterministic;
   state->trace = trace;
+  state->requested_bwd = kernels.bwd;
+  state->mask_kind = std::string(mask_kind_name(resolved.kind));
   state->anchors = mask.anchors(q.device());
   state->doc_id = mask.doc_id(q.device());
   state->mask.kind = mask_code(resolved.kind);
@@ -232,10 +387,46 @@ at::Tensor fused_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, 
               "fused_cuda attention: the document_causal mask needs a document id per KV position");
 
   kc::TileShape fwd_tile, dq_tile, dkdv_tile;
+  KernelPick fwd_pick;
   launch([&] {
-    fwd_tile = kc::fwd_tile_shape(state->shape);
     dq_tile = kc::bwd_dq_tile_shape(state->shape);
     dkdv_tile = kc::bwd_dkdv_tile_shape(state->shape);
+    std::vector<std::string> names;
+    for (kc::FwdKernel kernel : kc::fwd_kernels()) names.push_back(kc::fwd_kernel_name(kernel));
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    // Each candidate reads the BlockMask of its own tiling (cached in the MaskContext) and writes
+    // scratch outputs.
+    const TimingFunction time = [&](const std::string& name) {
+      kc::FwdKernel kernel;
+      kc::parse_fwd_kernel(name, &kernel);
+      try {
+        const kc::TileShape tile = kc::fwd_tile_shape(state->shape, kernel);
+        kc::FwdParams params;
+        params.kernel = kernel;
+        params.shape = state->shape;
+        params.q = tensor_ref(q);
+        params.k = tensor_ref(k);
+        params.v = tensor_ref(v);
+        const at::Tensor out = at::empty(q.sizes(), q.options());
+        const at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+        params.o = tensor_ref(out);
+        params.lse = lse.data_ptr<float>();
+        params.scale = state->scale;
+        params.mask = state->mask;
+        params.blocks = block_list(mask.block_mask(tile.block_m, tile.block_n, q.device()));
+        const at::Tensor scratch = at::empty({static_cast<int64_t>(kc::fwd_scratch_bytes(params.shape, params.blocks, kernel))},
+                                             q.options().dtype(at::kByte));
+        params.scratch = scratch.data_ptr();
+        params.scratch_bytes = static_cast<size_t>(scratch.numel());
+        return time_launches_ms(stream, [&] { kc::run_attention_fwd(params, stream); });
+      } catch (const kc::UnsupportedConfig&) {
+        return std::numeric_limits<double>::infinity();
+      }
+    };
+    fwd_pick = pick_kernel(kernels.fwd, "HARNESS_CUDA_FWD_KERNEL", names, kc::fwd_kernel_name(kc::default_fwd_kernel(state->shape)),
+                           tuning_key("attention_fwd", *state), time, q.device().index());
+    kc::parse_fwd_kernel(fwd_pick.name, &state->fwd_kernel);
+    fwd_tile = kc::fwd_tile_shape(state->shape, state->fwd_kernel);
   });
   // Each kernel reads the BlockMask at its own tiling (MaskContext builds each once and caches it;
   // equal tilings share one).
@@ -247,8 +438,8 @@ at::Tensor fused_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, 
   if (trace) {
     trace->record({"attention_fwd", "fused_cuda", q.device().str(),
                    "impl=fused on CUDA: block-sparse flash attention (bf16, online softmax, LSE saved), empty blocks "
-                   "skipped, full blocks without mask work",
-                   kc::describe_fwd_config(state->shape)});
+                   "skipped, full blocks without mask work; kernel " + fwd_pick.name + " " + fwd_pick.how,
+                   kc::describe_fwd_config(state->shape, state->fwd_kernel)});
   }
   return out;
 }

@@ -12,9 +12,13 @@ namespace harness::kernels {
 //! k and v [B, H_KV, KV, D] (H a multiple of H_KV), head_dim 64 or 128, an sm_90 device. The
 //! forward saves q, k, v, out and the LSE; the backward runs the fused dK/dV and dQ kernels, which
 //! are deterministic by construction (no atomics), so `deterministic` changes nothing and is only
-//! recorded. Records attention_fwd / attention_bwd in `trace` (may be null; it must outlive the
-//! backward). Throws UnsupportedError for a dtype, head_dim or device it has no kernel for.
+//! recorded. `kernels` picks the kernels (see CudaKernelChoice; by default the autotuner times
+//! every candidate on the first call of a key and caches the fastest in memory and on disk).
+//! Records attention_fwd / attention_bwd in `trace` (may be null; it must outlive the backward),
+//! naming the kernel and how it was chosen. Throws UnsupportedError for a dtype, head_dim or
+//! device it has no kernel for, or an unknown kernel name.
 at::Tensor fused_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, MaskContext& mask,
-                                double scale, bool deterministic, DispatchTrace* trace);
+                                double scale, bool deterministic, DispatchTrace* trace,
+                                const CudaKernelChoice& kernels = {});
 
 }  // namespace harness::kernels

@@ -13,6 +13,7 @@
 #include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/mask_device.cuh"
+#include "kernels/cuda/tile_math.cuh"
 
 namespace harness::kernels::cuda::device {
 
@@ -25,6 +26,63 @@ struct PackedRows {
   __device__ __forceinline__ int head(int row) const { return head0 + (row >> block_m_shift); }
   __device__ __forceinline__ int query(int row) const { return q0 + (row & ((1 << block_m_shift) - 1)); }
 };
+
+//! What a forward CTA computes: work item (q block, head pack + batch) of the longest-first
+//! schedule, as the packed rows of a tile of `tile_rows` rows.
+struct FwdWork {
+  int q_block;
+  int batch;
+  PackedRows rows;
+  int kv_head;
+};
+__device__ __forceinline__ FwdWork fwd_work(const FwdParams& p, WorkItem work, int tile_rows) {
+  const int block_m = p.blocks.block_m;
+  const int heads_packed = tile_rows / block_m;
+  const int num_packs = p.shape.heads / heads_packed;
+  const PackedRows rows{__ffs(block_m) - 1, (work.copy % num_packs) * heads_packed, work.block * block_m};
+  return {work.block, work.copy / num_packs, rows, rows.head0 / (p.shape.heads / p.shape.kv_heads)};
+}
+
+//! The blocks one CTA visits, in order: the partial ones (mask evaluated per element), then the
+//! full ones (no mask work), from one row (kv blocks of a q block) or one column (q blocks of a kv
+//! block) of a BlockMask.
+struct VisitList {
+  int num_partial;
+  int count;
+  const int32_t* partial;
+  const int32_t* full;
+  //! The block of visit `step`; 0 past the end (callers prefetch one or more steps ahead).
+  __device__ __forceinline__ int at(int step) const {
+    return step >= count ? 0 : step < num_partial ? __ldg(partial + step) : __ldg(full + step - num_partial);
+  }
+};
+__device__ __forceinline__ VisitList kv_blocks_of(const BlockListParams& b, int q_block) {
+  const int partial = __ldg(b.kv_num_blocks + q_block);
+  const int64_t row = static_cast<int64_t>(q_block) * b.num_kv_blocks;
+  return {partial, partial + __ldg(b.full_kv_num_blocks + q_block), b.kv_indices + row, b.full_kv_indices + row};
+}
+__device__ __forceinline__ VisitList q_blocks_of(const BlockListParams& b, int kv_block) {
+  const int partial = __ldg(b.q_num_blocks + kv_block);
+  const int64_t column = static_cast<int64_t>(kv_block) * b.num_q_blocks;
+  return {partial, partial + __ldg(b.full_q_num_blocks + kv_block), b.q_indices + column, b.full_q_indices + column};
+}
+
+//! End of the forward for this thread's two rows: quad-reduces the row sums, writes each real
+//! row's LSE, and gives 1 / sum (0 for a row that saw nothing) to normalize O with.
+__device__ __forceinline__ void finish_rows(const FwdParams& p, const PackedRows& rows, int batch, const int (&my_row)[2],
+                                            const float (&row_max)[2], const float (&row_sum)[2], float scale_log2,
+                                            float (&inv_sum)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float sum = quad_sum(row_sum[i]);
+    inv_sum[i] = sum > 0.f ? 1.f / sum : 0.f;
+    const int q = rows.query(my_row[i]);
+    if ((threadIdx.x & 3) == 0 && q < p.shape.q_len) {
+      p.lse[(static_cast<int64_t>(batch) * p.shape.heads + rows.head(my_row[i])) * p.shape.q_len + q] =
+          row_lse(row_max[i], sum, scale_log2);
+    }
+  }
+}
 
 __device__ __forceinline__ const __nv_bfloat16* row_pointer(const TensorRef& t, int batch, int head, int row) {
   return static_cast<const __nv_bfloat16*>(t.data) + batch * t.stride_batch + head * t.stride_head +
@@ -108,20 +166,6 @@ __device__ __forceinline__ void gemm_rows_by_rows(float (&acc)[kTilesN][4], uint
   }
 }
 
-//! The A fragments (bf16) of an m16 x k(16*kStepsK) operand held in fp32 m16n8 C-layout tiles:
-//! C tiles 2kk and 2kk+1 are exactly the A fragment of k step kk, so P and dS go from one MMA's
-//! output to the next MMA's input without leaving registers.
-template <int kStepsK>
-__device__ __forceinline__ void to_a_fragments(uint32_t (&a)[kStepsK][4], const float (&c)[2 * kStepsK][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kStepsK; ++kk) {
-    a[kk][0] = pack_bf16(c[2 * kk][0], c[2 * kk][1]);
-    a[kk][1] = pack_bf16(c[2 * kk][2], c[2 * kk][3]);
-    a[kk][2] = pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]);
-    a[kk][3] = pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
-  }
-}
-
 //! acc[16 x kHeadDim] += A[16 x 16*kStepsK] (bf16 fragments in registers) * B where B is a swizzled
 //! [rows x kHeadDim] tile read k-major (ldmatrix.trans) from row b_first_row.
 template <int kHeadDim, int kStepsK>
@@ -154,21 +198,6 @@ __device__ __forceinline__ void gemm_regs_by_tile(float (&acc)[kHeadDim / 8][4],
   gemm_frags_by_tile<kHeadDim, kStepsK>(acc, a, tile_b, b_first_row);
 }
 
-//! Sum over the four threads of a quad (they hold one row's columns in the C layout).
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  x += __shfl_xor_sync(0xffffffffu, x, 2);
-  return x;
-}
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-  return x;
-}
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     attention_fwd_kernel(const __grid_constant__ FwdParams p, const WorkItem* __restrict__ schedule) {
@@ -188,14 +217,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   // Longest-first order: CTA i takes the i-th most expensive (q block, head pack, batch).
-  const WorkItem work = schedule[blockIdx.x];
-  const int block_m = p.blocks.block_m;
-  const int heads_packed = kBlockM / block_m;
-  const int num_packs = p.shape.heads / heads_packed;
-  const int q_block = work.block;
-  const int batch = work.copy / num_packs;
-  const PackedRows rows{__ffs(block_m) - 1, (work.copy % num_packs) * heads_packed, q_block * block_m};
-  const int kv_head = rows.head0 / (p.shape.heads / p.shape.kv_heads);
+  const FwdWork work = fwd_work(p, schedule[blockIdx.x], kBlockM);
+  const int q_block = work.q_block;
+  const int batch = work.batch;
+  const PackedRows rows = work.rows;
+  const int kv_head = work.kv_head;
   const int q_len = p.shape.q_len;
   const int kv_len = p.shape.kv_len;
 
@@ -205,15 +231,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   });
   cp_async_commit();
 
-  const int num_partial = __ldg(p.blocks.kv_num_blocks + q_block);
-  const int num_blocks = num_partial + __ldg(p.blocks.full_kv_num_blocks + q_block);
-  const int32_t* partial_list = p.blocks.kv_indices + static_cast<int64_t>(q_block) * p.blocks.num_kv_blocks;
-  const int32_t* full_list = p.blocks.full_kv_indices + static_cast<int64_t>(q_block) * p.blocks.num_kv_blocks;
-  auto kv_block_at = [&](int step) {
-    return step >= num_blocks ? 0
-           : step < num_partial ? __ldg(partial_list + step)
-                                : __ldg(full_list + step - num_partial);
-  };
+  const VisitList kv_list = kv_blocks_of(p.blocks, q_block);
+  const int num_partial = kv_list.num_partial, num_blocks = kv_list.count;
+  auto kv_block_at = [&](int step) { return kv_list.at(step); };
   auto load_kv = [&](int kv_block, int stage) {
     const int kv0 = kv_block * kBlockN;
     const uint32_t offset = static_cast<uint32_t>(stage * KvTile::kBytes);
@@ -261,44 +281,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     gemm_rows_by_rows<kHeadDim, kBlockN / 8>(s, s_q, first_row, s_k_stage, 0);
 
     const int kv0 = upcoming[0] * kBlockN;
-    if (step < num_partial || kv0 + kBlockN > kv_len) {
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kv = kv0 + j * 8 + (lane & 3) * 2 + (e & 1);
-          if (!visible(row_mask[e >> 1], p.mask.doc_id, kv)) s[j][e] = -INFINITY;
-        }
-      }
-    }
-
-    float base[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float m = row_max[i];
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) m = fmaxf(m, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
-      m = quad_max(m);
-      // A row with nothing visible so far keeps max -inf; subtract 0 then (every p is 0).
-      base[i] = m == -INFINITY ? 0.f : m * scale_log2;
-      // corr rescales what was accumulated under the previous max; nothing was when it was -inf.
-      const float corr = row_max[i] == -INFINITY ? 0.f : exp2_approx(row_max[i] * scale_log2 - base[i]);
-      row_max[i] = m;
-      row_sum[i] *= corr;
-#pragma unroll
-      for (int d = 0; d < kHeadDim / 8; ++d) {
-        acc_o[d][2 * i] *= corr;
-        acc_o[d][2 * i + 1] *= corr;
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = exp2_approx(fmaf(s[j][e], scale_log2, -base[e >> 1]));
-        row_sum[e >> 1] += s[j][e];
-      }
-    }
+    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask.doc_id, kv0);
+    online_softmax<kBlockN, kHeadDim>(s, acc_o, row_max, row_sum, scale_log2);
     gemm_regs_by_tile<kHeadDim, kBlockN / 16>(acc_o, s, s_v_stage, 0);
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];
@@ -308,16 +292,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   __syncthreads();  // the Q tile (rows of every warp) has landed before warps overwrite their rows
 
   float inv_sum[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float sum = quad_sum(row_sum[i]);
-    inv_sum[i] = sum > 0.f ? 1.f / sum : 0.f;
-    const int q = rows.query(my_row[i]);
-    if ((lane & 3) == 0 && q < q_len) {
-      const float lse = sum > 0.f ? (row_max[i] * scale_log2 + __log2f(sum)) * kLn2 : -INFINITY;
-      p.lse[(static_cast<int64_t>(batch) * p.shape.heads + rows.head(my_row[i])) * q_len + q] = lse;
-    }
-  }
+  finish_rows(p, rows, batch, my_row, row_max, row_sum, scale_log2, inv_sum);
   accumulator_to_smem<kHeadDim>(s_q, first_row, acc_o, inv_sum[0], inv_sum[1]);
   store_warp_rows<kHeadDim>(s_q, first_row, [&](int row) -> __nv_bfloat16* {
     const int q = rows.query(row);

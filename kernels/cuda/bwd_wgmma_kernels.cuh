@@ -1,0 +1,410 @@
+#pragma once
+// Backward for Hopper (device code only): the merged dK/dV + dQ launch of bwd_kernels.cuh, each
+// tile kind rebuilt on TMA + wgmma with one producer and two consumer warpgroups (the structure of
+// fwd_wgmma_kernel.cuh). No atomics: every output element is summed by one thread in a fixed
+// order, so the backward stays bitwise deterministic. It reads the prep kernel's per-row
+// (lse * log2e, delta) and per-position mask rows (bwd_kernels.cuh).
+//
+//   dK/dV tile: 128 keys of one kv head (consumer c owns keys 64c..64c+63); K and V resident; the
+//     producer streams (Q, row info) and dO of every listed q block of every head pack of the GQA
+//     group. Per step, with the transposed formulation (keys are the M dimension):
+//       S^T = K Q^T (smem x smem), P^T = 2^(S^T scale log2e - lse2), dV += P^T dO (P^T from registers),
+//       dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q (dS^T from registers).
+//   dQ tile: 128 query rows of one head pack (consumer c owns rows 64c..), Q and dO resident; the
+//     producer streams K and V of every listed kv block:
+//       S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K.
+// Every product's B operand is a TMA-loaded tile read K-major (S, dP) or N-major (dV, dK, dQ).
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/attention_config.h"
+#include "kernels/cuda/attention_params.h"
+#include "kernels/cuda/bwd_kernels.cuh"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/fwd_kernel.cuh"
+#include "kernels/cuda/hopper_utils.cuh"
+#include "kernels/cuda/mask_device.cuh"
+#include "kernels/cuda/tile_math.cuh"
+#include "kernels/cuda/wgmma_ops.cuh"
+
+namespace harness::kernels::cuda::device {
+
+//! Tensor maps of the backward (see fwd_wgmma_kernel.cuh for the format): the q-side maps exist
+//! twice because the dK/dV steps (64 rows) and the dQ tiles (128 rows) pack different boxes.
+struct BwdTensorMaps {
+  CUtensorMap q_dkdv, dout_dkdv;  //!< boxes of the dK/dV step's 64 packed rows
+  CUtensorMap k_dkdv, v_dkdv;     //!< boxes of 128 keys (the dK/dV tile)
+  CUtensorMap dk, dv;             //!< boxes of 64 keys (one consumer's rows)
+  CUtensorMap q_dq, dout_dq;      //!< boxes of the dQ tile's 128 packed rows
+  CUtensorMap k_dq, v_dq;         //!< boxes of the dQ step's kBlockN keys
+  CUtensorMap dq;                 //!< boxes of one consumer's 64 rows
+};
+
+//! Bulk (non-tensor) global -> shared copy of `bytes` (multiple of 16, both ends 16-byte aligned).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+//! The barriers of either tile kind: one for the resident tiles, two "full" per stage (the
+//! stage's two operands arrive separately) and one "empty" per stage.
+template <int kStages>
+struct BwdBarriers {
+  uint32_t base;
+  __device__ __forceinline__ uint32_t resident() const { return base; }
+  __device__ __forceinline__ uint32_t first(int stage) const { return base + 8u * (1 + stage); }
+  __device__ __forceinline__ uint32_t second(int stage) const { return base + 8u * (1 + kStages + stage); }
+  __device__ __forceinline__ uint32_t empty(int stage) const { return base + 8u * (1 + 2 * kStages + stage); }
+};
+
+//! Stores a consumer's fp32 accumulator (64 rows x kHeadDim, times `factor`) as bf16 into rows
+//! row0.. of a swizzled tile of `tile_rows` rows (see hopper_utils.cuh), then one thread of the
+//! warpgroup TMA-stores those 64 rows at (row coordinate, head, batch) of `map`.
+template <int kHeadDim>
+__device__ __forceinline__ void store_consumer_rows(const float (&acc)[kHeadDim / 8][4], float factor, uint32_t tile,
+                                                    int tile_rows, int row0, int consumer, const CUtensorMap* map,
+                                                    int row_coord, int head_coord, int batch) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int first = row0 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16 + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; ++j) {
+    const int col = j * 8 + (lane & 3) * 2;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t packed = pack_bf16(acc[j][2 * i] * factor, acc[j][2 * i + 1] * factor);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(tile + swizzled_offset(tile_rows, first + 8 * i, col)), "r"(packed)
+                   : "memory");
+    }
+  }
+  fence_async_shared();
+  named_barrier_sync(1 + consumer, 128);
+  if ((threadIdx.x & 127) == 0) {
+#pragma unroll
+    for (int half = 0; half < kHeadDim / 64; ++half) {
+      tma_store_4d(map, tile + half * tile_rows * 128 + row0 * 128, half * 64, row_coord, head_coord, batch);
+    }
+    tma_store_commit();
+    tma_store_wait_read();
+  }
+}
+
+// ---- dK / dV ------------------------------------------------------------------------------------
+
+template <class Cfg>
+__device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const BwdTensorMaps& maps, const BwdScratch& scratch,
+                                                    uint32_t smem, int kv_block, int kv_head, int batch) {
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kHalves = kHeadDim / 64;
+  constexpr int kKeys = Cfg::kDkdvKeys;  // 128
+  constexpr int kRows = Cfg::kDkdvRows;  // 64 query rows per step
+  // Shared memory: K, V resident; per stage Q, dO, (lse2, delta) rows and mask rows.
+  const uint32_t s_k = smem;
+  const uint32_t s_v = s_k + Cfg::kDkdvKvBytes;
+  const uint32_t s_q = s_v + Cfg::kDkdvKvBytes;                // kStages Q tiles
+  const uint32_t s_do = s_q + kStages * Cfg::kDkdvQBytes;      // kStages dO tiles
+  const uint32_t s_stats = s_do + kStages * Cfg::kDkdvQBytes;  // kStages x kRows float2
+  const uint32_t s_masks = s_stats + kStages * kRows * 8;      // kStages x kRows QueryMaskRow
+  const BwdBarriers<kStages> bar{s_masks + kStages * kRows * 32};
+
+  const BlockListParams& blocks = p.dkdv_blocks;
+  const int block_m = blocks.block_m;
+  const int heads_packed = kRows / block_m;
+  const int group = p.shape.heads / p.shape.kv_heads;
+  const VisitList q_list = q_blocks_of(blocks, kv_block);
+  const int num_partial = q_list.num_partial, num_q_blocks = q_list.count;
+  // Steps run over (head pack, q block): every query head of the group, so dK/dV end complete.
+  const int num_steps = (group / heads_packed) * num_q_blocks;
+  auto q_block_at = [&](int step) { return step >= num_steps ? 0 : q_list.at(step % num_q_blocks); };
+  const int kv0 = kv_block * kKeys;
+
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  if (warpgroup == 0) {
+    warpgroup_registers_decrease<Cfg::kProducerRegisters>();
+    if (threadIdx.x != 0) return;
+    mbarrier_arrive_expect_tx(bar.resident(), 2 * Cfg::kDkdvKvBytes);
+#pragma unroll
+    for (int half = 0; half < kHalves; ++half) {
+      tma_load_4d(s_k + half * kKeys * 128, &maps.k_dkdv, bar.resident(), half * 64, kv0, kv_head, batch);
+      tma_load_4d(s_v + half * kKeys * 128, &maps.v_dkdv, bar.resident(), half * 64, kv0, kv_head, batch);
+    }
+    int q_block = q_block_at(0);
+    for (int step = 0; step < num_steps; ++step) {
+      const int next = q_block_at(step + 1);
+      const int stage = step % kStages;
+      const int head0 = kv_head * group + (step / num_q_blocks) * heads_packed;
+      const int q0 = q_block * block_m;
+      mbarrier_wait(bar.empty(stage), ((step / kStages) & 1) ^ 1);
+      const uint32_t q_stage = s_q + stage * Cfg::kDkdvQBytes;
+      const uint32_t do_stage = s_do + stage * Cfg::kDkdvQBytes;
+      // First: Q, the rows' (lse2, delta) (block_m per head, contiguous) and the positions' mask rows.
+      mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kDkdvQBytes + kRows * 8 + block_m * 32);
+#pragma unroll
+      for (int half = 0; half < kHalves; ++half) {
+        tma_load_4d(q_stage + half * kRows * 128, &maps.q_dkdv, bar.first(stage), half * 64, q0, head0, batch);
+      }
+      for (int h = 0; h < heads_packed; ++h) {
+        bulk_load(s_stats + stage * kRows * 8 + h * block_m * 8,
+                  scratch.row_stats + (static_cast<int64_t>(batch) * p.shape.heads + head0 + h) * scratch.q_pad + q0,
+                  block_m * 8, bar.first(stage));
+      }
+      bulk_load(s_masks + stage * kRows * 32, scratch.mask_rows + q0, block_m * 32, bar.first(stage));
+      // Second: dO.
+      mbarrier_arrive_expect_tx(bar.second(stage), Cfg::kDkdvQBytes);
+#pragma unroll
+      for (int half = 0; half < kHalves; ++half) {
+        tma_load_4d(do_stage + half * kRows * 128, &maps.dout_dkdv, bar.second(stage), half * 64, q0, head0, batch);
+      }
+      q_block = next;
+    }
+    return;
+  }
+
+  warpgroup_registers_increase<Cfg::kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int first_key = consumer * 64 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16;
+  const int my_kv[2] = {kv0 + first_key + (lane >> 2), kv0 + first_key + (lane >> 2) + 8};
+  const float scale_log2 = p.scale * kLog2e;
+  const uint32_t k_rows = s_k + consumer * 64 * 128;
+  const uint32_t v_rows = s_v + consumer * 64 * 128;
+
+  float acc_dk[kHeadDim / 8][4] = {};
+  float acc_dv[kHeadDim / 8][4] = {};
+  mbarrier_wait(bar.resident(), 0);
+  for (int step = 0; step < num_steps; ++step) {
+    const int stage = step % kStages;
+    const uint32_t parity = (step / kStages) & 1;
+    const uint32_t q_stage = s_q + stage * Cfg::kDkdvQBytes;
+    const uint32_t do_stage = s_do + stage * Cfg::kDkdvQBytes;
+    const float2* stats = reinterpret_cast<const float2*>(__cvta_shared_to_generic(s_stats + stage * kRows * 8));
+    const QueryMaskRow* masks = reinterpret_cast<const QueryMaskRow*>(__cvta_shared_to_generic(s_masks + stage * kRows * 32));
+
+    // S^T: this consumer's 64 keys x 64 query rows.
+    float st[kRows / 8][4];
+    mbarrier_wait(bar.first(stage), parity);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t k_offset = (kk % 4) * 32;
+      wgmma_ss<kRows, false>(st, smem_descriptor(k_rows + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
+                             smem_descriptor(q_stage + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(st);
+    // Mask rows are per query position: column c (head c / block_m) reads position c % block_m.
+    if (step % num_q_blocks < num_partial) mask_scores_transposed<kRows>(st, masks, block_m - 1, p.mask.doc_id, my_kv);
+    // P^T, kept as the bf16 A fragments of dV += P^T dO (dS^T below uses the same rounded values).
+    probabilities_transposed<kRows>(st, stats, scale_log2);
+    uint32_t pt[kRows / 16][4];
+    to_a_fragments<kRows / 16>(pt, st);
+
+    // dV += P^T dO and dP^T = V dO^T, issued together.
+    float dpt[kRows / 8][4];
+    mbarrier_wait(bar.second(stage), parity);
+    fence_registers(acc_dv);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk) {
+      wgmma_rs<kHeadDim, true>(acc_dv, pt[kk], smem_descriptor(do_stage + kk * 16 * 128, kRows * 128, 1024), true);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t k_offset = (kk % 4) * 32;
+      wgmma_ss<kRows, false>(dpt, smem_descriptor(v_rows + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
+                             smem_descriptor(do_stage + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(acc_dv);
+    fence_registers(dpt);
+
+    // dS^T = P^T (dP^T - delta), then dK += dS^T Q.
+    score_gradients_transposed<kRows>(dpt, pt, stats);
+    uint32_t dst[kRows / 16][4];
+    to_a_fragments<kRows / 16>(dst, dpt);
+    fence_registers(acc_dk);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk) {
+      wgmma_rs<kHeadDim, true>(acc_dk, dst[kk], smem_descriptor(q_stage + kk * 16 * 128, kRows * 128, 1024), true);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(acc_dk);
+    mbarrier_arrive(bar.empty(stage));
+  }
+
+  // Epilogue: this consumer's 64 keys of dK (scaled) and dV, through its own rows of K and V.
+  named_barrier_sync(1 + consumer, 128);
+  store_consumer_rows<kHeadDim>(acc_dk, p.scale, s_k, kKeys, consumer * 64, consumer, &maps.dk, kv0 + consumer * 64, kv_head,
+                                batch);
+  store_consumer_rows<kHeadDim>(acc_dv, 1.f, s_v, kKeys, consumer * 64, consumer, &maps.dv, kv0 + consumer * 64, kv_head,
+                                batch);
+}
+
+// ---- dQ -----------------------------------------------------------------------------------------
+
+template <class Cfg>
+__device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdTensorMaps& maps, const BwdScratch& scratch,
+                                                  uint32_t smem, int q_block, int pack, int batch) {
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kHalves = kHeadDim / 64;
+  constexpr int kRows = Cfg::kDqRows;      // 128
+  constexpr int kBlockN = Cfg::kDqBlockN;  // keys per step
+  const uint32_t s_q = smem;
+  const uint32_t s_do = s_q + Cfg::kDqQBytes;
+  const uint32_t s_k = s_do + Cfg::kDqQBytes;          // kStages K tiles
+  const uint32_t s_v = s_k + kStages * Cfg::kDqKvBytes;  // kStages V tiles
+  const BwdBarriers<kStages> bar{s_v + kStages * Cfg::kDqKvBytes};
+
+  const BlockListParams& blocks = p.dq_blocks;
+  const int block_m = blocks.block_m;
+  const int heads_packed = kRows / block_m;
+  const PackedRows rows{__ffs(block_m) - 1, pack * heads_packed, q_block * block_m};
+  const int kv_head = rows.head0 / (p.shape.heads / p.shape.kv_heads);
+  const VisitList kv_list = kv_blocks_of(blocks, q_block);
+  const int num_partial = kv_list.num_partial, num_blocks = kv_list.count;
+  auto kv_block_at = [&](int step) { return kv_list.at(step); };
+
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  if (warpgroup == 0) {
+    warpgroup_registers_decrease<Cfg::kProducerRegisters>();
+    if (threadIdx.x != 0) return;
+    mbarrier_arrive_expect_tx(bar.resident(), 2 * Cfg::kDqQBytes);
+#pragma unroll
+    for (int half = 0; half < kHalves; ++half) {
+      tma_load_4d(s_q + half * kRows * 128, &maps.q_dq, bar.resident(), half * 64, rows.q0, rows.head0, batch);
+      tma_load_4d(s_do + half * kRows * 128, &maps.dout_dq, bar.resident(), half * 64, rows.q0, rows.head0, batch);
+    }
+    int kv_block = kv_block_at(0);
+    for (int step = 0; step < num_blocks; ++step) {
+      const int next = kv_block_at(step + 1);
+      const int stage = step % kStages;
+      mbarrier_wait(bar.empty(stage), ((step / kStages) & 1) ^ 1);
+      mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kDqKvBytes);
+#pragma unroll
+      for (int half = 0; half < kHalves; ++half) {
+        tma_load_4d(s_k + stage * Cfg::kDqKvBytes + half * kBlockN * 128, &maps.k_dq, bar.first(stage), half * 64,
+                    kv_block * kBlockN, kv_head, batch);
+      }
+      mbarrier_arrive_expect_tx(bar.second(stage), Cfg::kDqKvBytes);
+#pragma unroll
+      for (int half = 0; half < kHalves; ++half) {
+        tma_load_4d(s_v + stage * Cfg::kDqKvBytes + half * kBlockN * 128, &maps.v_dq, bar.second(stage), half * 64,
+                    kv_block * kBlockN, kv_head, batch);
+      }
+      kv_block = next;
+    }
+    return;
+  }
+
+  warpgroup_registers_increase<Cfg::kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int first_row = consumer * 64 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16;
+  const int my_row[2] = {first_row + (lane >> 2), first_row + (lane >> 2) + 8};
+  QueryMask row_mask[2];
+  float row_lse2[2];
+  float row_delta[2];
+  load_row_info(p, scratch, rows, batch, my_row, row_mask, row_lse2, row_delta);
+  const float scale_log2 = p.scale * kLog2e;
+  const int kv_len = p.shape.kv_len;
+  const uint32_t q_rows = s_q + consumer * 64 * 128;
+  const uint32_t do_rows = s_do + consumer * 64 * 128;
+
+  float acc_dq[kHeadDim / 8][4] = {};
+  int kv_block = kv_block_at(0);
+  mbarrier_wait(bar.resident(), 0);
+  for (int step = 0; step < num_blocks; ++step) {
+    const int next = kv_block_at(step + 1);
+    const int stage = step % kStages;
+    const uint32_t parity = (step / kStages) & 1;
+    const uint32_t k_stage = s_k + stage * Cfg::kDqKvBytes;
+    const uint32_t v_stage = s_v + stage * Cfg::kDqKvBytes;
+
+    // S = Q K^T and dP = dO V^T, issued together.
+    float s[kBlockN / 8][4];
+    float dp[kBlockN / 8][4];
+    mbarrier_wait(bar.first(stage), parity);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t k_offset = (kk % 4) * 32;
+      wgmma_ss<kBlockN, false>(s, smem_descriptor(q_rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024),
+                               smem_descriptor(k_stage + (kk / 4) * kBlockN * 128 + k_offset, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    mbarrier_wait(bar.second(stage), parity);
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t k_offset = (kk % 4) * 32;
+      wgmma_ss<kBlockN, false>(dp, smem_descriptor(do_rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024),
+                               smem_descriptor(v_stage + (kk / 4) * kBlockN * 128 + k_offset, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // S is in; dP may still run
+    fence_registers(s);
+    const int kv0 = kv_block * kBlockN;
+    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask.doc_id, kv0);
+    probabilities<kBlockN>(s, row_lse2, scale_log2);
+    wgmma_wait<0>();
+    fence_registers(dp);
+    score_gradients<kBlockN>(s, dp, row_delta);
+    uint32_t ds[kBlockN / 16][4];
+    to_a_fragments<kBlockN / 16>(ds, s);
+    fence_registers(acc_dq);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      // K is [kBlockN keys x D] with D contiguous: N-major B of dQ += dS K.
+      wgmma_rs<kHeadDim, true>(acc_dq, ds[kk], smem_descriptor(k_stage + kk * 16 * 128, kBlockN * 128, 1024), true);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(acc_dq);
+    mbarrier_arrive(bar.empty(stage));
+    kv_block = next;
+  }
+
+  named_barrier_sync(1 + consumer, 128);
+  const int row0 = consumer * 64;
+  store_consumer_rows<kHeadDim>(acc_dq, p.scale, s_q, kRows, row0, consumer, &maps.dq, rows.query(row0), rows.head(row0),
+                                batch);
+}
+
+//! The merged backward launch (see bwd_kernels.cuh): CTA i runs the i-th item of the
+//! longest-first schedule, a dK/dV tile (items below num_kv_blocks) or a dQ tile.
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    attention_bwd_wgmma_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ BwdTensorMaps maps,
+                               const BwdScratch scratch) {
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem = (smem_address(smem_raw) + 1023u) & ~1023u;
+  const WorkItem work = scratch.schedule[blockIdx.x];
+  const int num_kv_blocks = p.dkdv_blocks.num_kv_blocks;
+  const bool dkdv = work.block < num_kv_blocks;
+  const uint32_t bars = smem + (dkdv ? Cfg::kDkdvBarrierOffset : Cfg::kDqBarrierOffset);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 1 + 2 * Cfg::kStages; ++i) mbarrier_init(bars + 8u * i, 1);  // resident, "full": the producer
+    for (int stage = 0; stage < Cfg::kStages; ++stage) {
+      mbarrier_init(bars + 8u * (1 + 2 * Cfg::kStages + stage), 2 * 128);  // "empty": every consumer thread
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (dkdv) {
+    bwd_dkdv_wgmma_tile<Cfg>(p, maps, scratch, smem, work.block, work.copy % p.shape.kv_heads, work.copy / p.shape.kv_heads);
+  } else {
+    const int num_packs = p.shape.heads / (Cfg::kDqRows / p.dq_blocks.block_m);
+    bwd_dq_wgmma_tile<Cfg>(p, maps, scratch, smem, work.block - num_kv_blocks, work.copy % num_packs, work.copy / num_packs);
+  }
+}
+
+}  // namespace harness::kernels::cuda::device

@@ -1,0 +1,173 @@
+#pragma once
+// Register-tile math shared by the mma.sync and the wgmma kernels (device code only). Every score
+// tile here is fp32 in the m16n8 accumulator layout, float[kCols / 8][4] per thread: n8 chunk j
+// holds (row g, cols 8j + 2t, 8j + 2t + 1) in elements 0, 1 and (row g + 8, same cols) in 2, 3,
+// for lane = 4g + t (mma.sync's C layout, and per warp the wgmma accumulator's). So each thread
+// sees two rows ("row tiles": queries in S, keys in S^T) and kCols / 4 columns of a tile.
+
+#include <cstdint>
+
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/mask_device.cuh"
+
+namespace harness::kernels::cuda::device {
+
+//! Sum / max over the four threads of a quad (they hold one row's columns in the C layout).
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x;
+}
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  return x;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+//! Column of element e of n8 chunk j for this lane.
+__device__ __forceinline__ int tile_column(int j, int e) {
+  return j * 8 + (static_cast<int>(threadIdx.x) & 3) * 2 + (e & 1);
+}
+
+//! S (query rows x keys kv0..): -inf where row i's query does not see the key.
+template <int kCols>
+__device__ __forceinline__ void mask_scores(float (&s)[kCols / 8][4], const QueryMask (&row_mask)[2], const int32_t* doc_id,
+                                            int kv0) {
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (!visible(row_mask[e >> 1], doc_id, kv0 + tile_column(j, e))) s[j][e] = -INFINITY;
+    }
+  }
+}
+
+//! S^T (key rows my_kv x query columns): -inf where column c's query (masks[c & column_mask])
+//! does not see row i's key.
+template <int kCols>
+__device__ __forceinline__ void mask_scores_transposed(float (&st)[kCols / 8][4], const QueryMaskRow* masks, int column_mask,
+                                                       const int32_t* doc_id, const int (&my_kv)[2]) {
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (!visible(masks[tile_column(j, e) & column_mask].mask, doc_id, my_kv[e >> 1])) st[j][e] = -INFINITY;
+    }
+  }
+}
+
+//! One online-softmax step of the forward: folds the tile's row maxima into row_max (raw scores),
+//! rescales acc_o and row_sum by what the new maxima change, and turns s into the tile's
+//! unnormalized probabilities 2^(s scale log2e - max), adding them to row_sum (this thread's
+//! columns only; quad-reduced at the end).
+template <int kCols, int kHeadDim>
+__device__ __forceinline__ void online_softmax(float (&s)[kCols / 8][4], float (&acc_o)[kHeadDim / 8][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float scale_log2) {
+  float base[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float m = row_max[i];
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) m = fmaxf(m, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+    m = quad_max(m);
+    // A row with nothing visible so far keeps max -inf; subtract 0 then (every p is 0).
+    base[i] = m == -INFINITY ? 0.f : m * scale_log2;
+    // corr rescales what was accumulated under the previous max; nothing was when it was -inf.
+    const float corr = row_max[i] == -INFINITY ? 0.f : exp2_approx(row_max[i] * scale_log2 - base[i]);
+    row_max[i] = m;
+    row_sum[i] *= corr;
+#pragma unroll
+    for (int d = 0; d < kHeadDim / 8; ++d) {
+      acc_o[d][2 * i] *= corr;
+      acc_o[d][2 * i + 1] *= corr;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[j][e] = exp2_approx(fmaf(s[j][e], scale_log2, -base[e >> 1]));
+      row_sum[e >> 1] += s[j][e];
+    }
+  }
+}
+
+//! Backward, S -> P = 2^(S scale log2e - lse2) with the rows' log2-scaled LSE.
+template <int kCols>
+__device__ __forceinline__ void probabilities(float (&s)[kCols / 8][4], const float (&row_lse2)[2], float scale_log2) {
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = exp2_approx(fmaf(s[j][e], scale_log2, -row_lse2[e >> 1]));
+  }
+}
+
+//! Backward, dP -> dS = P (dP - delta) in place of P (s) with the rows' delta.
+template <int kCols>
+__device__ __forceinline__ void score_gradients(float (&s)[kCols / 8][4], const float (&dp)[kCols / 8][4],
+                                                const float (&row_delta)[2]) {
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] *= dp[j][e] - row_delta[e >> 1];
+  }
+}
+
+//! Backward, transposed: S^T -> P^T with each column's (query's) LSE, stats[column].x.
+template <int kCols>
+__device__ __forceinline__ void probabilities_transposed(float (&st)[kCols / 8][4], const float2* stats, float scale_log2) {
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+    const int col = tile_column(j, 0);
+    const float l0 = stats[col].x, l1 = stats[col + 1].x;
+    st[j][0] = exp2_approx(fmaf(st[j][0], scale_log2, -l0));
+    st[j][1] = exp2_approx(fmaf(st[j][1], scale_log2, -l1));
+    st[j][2] = exp2_approx(fmaf(st[j][2], scale_log2, -l0));
+    st[j][3] = exp2_approx(fmaf(st[j][3], scale_log2, -l1));
+  }
+}
+
+//! Backward, transposed: dP^T -> dS^T = P^T (dP^T - delta) in place, with P^T as the bf16 A
+//! fragments it was rounded to (the dV product's operand; its error is below the bf16 rounding dS^T
+//! gets anyway) and each column's delta, stats[column].y.
+template <int kCols>
+__device__ __forceinline__ void score_gradients_transposed(float (&dpt)[kCols / 8][4], const uint32_t (&pt)[kCols / 16][4],
+                                                           const float2* stats) {
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+    const int col = tile_column(j, 0);
+    const float d0 = stats[col].y, d1 = stats[col + 1].y;
+    // C tile j is half (j % 2) of A fragment j / 2: its row g in register 2 (j % 2), row g + 8 next.
+    const float2 p_top = unpack_bf16(pt[j / 2][(j % 2) * 2]);
+    const float2 p_bottom = unpack_bf16(pt[j / 2][(j % 2) * 2 + 1]);
+    dpt[j][0] = p_top.x * (dpt[j][0] - d0);
+    dpt[j][1] = p_top.y * (dpt[j][1] - d1);
+    dpt[j][2] = p_bottom.x * (dpt[j][2] - d0);
+    dpt[j][3] = p_bottom.y * (dpt[j][3] - d1);
+  }
+}
+
+//! The A fragments (bf16) of an m16 x k(16*kStepsK) operand held in fp32 m16n8 C-layout tiles:
+//! C tiles 2kk and 2kk+1 are exactly the A fragment of k step kk, so P and dS go from one MMA's
+//! output to the next MMA's input without leaving registers.
+template <int kStepsK>
+__device__ __forceinline__ void to_a_fragments(uint32_t (&a)[kStepsK][4], const float (&c)[2 * kStepsK][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kStepsK; ++kk) {
+    a[kk][0] = pack_bf16(c[2 * kk][0], c[2 * kk][1]);
+    a[kk][1] = pack_bf16(c[2 * kk][2], c[2 * kk][3]);
+    a[kk][2] = pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    a[kk][3] = pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  }
+}
+
+//! The LSE (natural log) of a finished row from its raw max and quad-reduced sum; -inf when the
+//! row saw nothing.
+__device__ __forceinline__ float row_lse(float row_max, float sum, float scale_log2) {
+  return sum > 0.f ? (row_max * scale_log2 + __log2f(sum)) * kLn2 : -INFINITY;
+}
+
+}  // namespace harness::kernels::cuda::device
