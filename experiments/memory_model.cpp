@@ -57,10 +57,16 @@ std::string join_shape(const std::vector<int64_t>& shape, const char* separator)
   return text;
 }
 
-std::string gib_text(int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1024.0 * kMiB));
-  return text;
+//! "16.00 GiB", "1.25 MiB", "2.00 KiB", "17 B": two decimals, as PyTorch's OOM messages print sizes.
+std::string size_text(int64_t bytes) {
+  static const std::pair<double, const char*> units[] = {{1024.0 * kMiB, "GiB"}, {kMiB, "MiB"}, {1024.0, "KiB"}};
+  char text[48];
+  for (const auto& [unit, name] : units) {
+    if (static_cast<double>(bytes) < unit) continue;
+    std::snprintf(text, sizeof text, "%.2f %s", static_cast<double>(bytes) / unit, name);
+    return text;
+  }
+  return std::to_string(bytes) + " B";
 }
 
 // ---- The trace: tensor kinds, and the allocations and frees of a step in program order --------
@@ -142,6 +148,7 @@ struct Dims {
   std::string dtype;
   int64_t elem;
   int64_t layers;
+  kernels::cuda::FwdKernel cuda_fwd = kernels::cuda::kDefaultFwdKernel;  //!< the CUDA forward kernel that runs
 };
 
 Dims dims_of(const spec::Spec& spec) {
@@ -166,8 +173,8 @@ CudaTile packed_tile(const Dims& d, int64_t rows, int64_t block_n) {
   return {rows / heads_packed, block_n, heads_packed};
 }
 CudaTile cuda_fwd_tile(const Dims& d) {
-  using Cfg = kernels::cuda::FwdConfig<128>;
-  return packed_tile(d, Cfg::kBlockM, Cfg::kBlockN);
+  const kernels::cuda::FwdKernelTiling tiling = kernels::cuda::fwd_kernel_tiling(d.cuda_fwd);
+  return packed_tile(d, tiling.rows, tiling.block_n);
 }
 CudaTile cuda_dq_tile(const Dims& d) {
   using Cfg = kernels::cuda::BwdDqConfig<128>;
@@ -212,8 +219,11 @@ struct Grads {
 
 class StepBuilder {
  public:
-  StepBuilder(const spec::Spec& spec, const std::string& impl, const std::string& device_kind, int cpu_threads)
-      : spec_(spec), d_(dims_of(spec)), impl_(impl), cuda_(device_kind == "cuda"), threads_(cpu_threads) {}
+  StepBuilder(const spec::Spec& spec, const std::string& impl, const std::string& device_kind, int cpu_threads,
+              kernels::cuda::FwdKernel cuda_fwd)
+      : spec_(spec), d_(dims_of(spec)), impl_(impl), cuda_(device_kind == "cuda"), threads_(cpu_threads) {
+    d_.cuda_fwd = cuda_fwd;
+  }
 
   Trace build(int iterations) {
     trace_.phase("inputs", 0);
@@ -612,10 +622,21 @@ int resolve_threads(const ModelOptions& options) {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-Trace build_trace(const spec::Spec& spec, const std::string& impl, const std::string& device_kind, int threads,
+//! ModelOptions::cuda_fwd_kernel as the kernels' enum ("" is the untuned default).
+kernels::cuda::FwdKernel cuda_fwd_kernel(const ModelOptions& options) {
+  if (options.cuda_fwd_kernel.empty()) return kernels::cuda::kDefaultFwdKernel;
+  std::string known;
+  for (kernels::cuda::FwdKernel kernel : kernels::cuda::kFwdKernels) {
+    if (options.cuda_fwd_kernel == kernels::cuda::fwd_kernel_label(kernel)) return kernel;
+    known += (known.empty() ? "" : ", ") + std::string(kernels::cuda::fwd_kernel_label(kernel));
+  }
+  throw std::invalid_argument("memory model: unknown CUDA forward kernel \"" + options.cuda_fwd_kernel + "\"; known: " + known);
+}
+
+Trace build_trace(const spec::Spec& spec, const std::string& impl, const std::string& device_kind, const ModelOptions& options,
                   int iterations) {
   if (impl != "dense" && impl != "fused") throw std::invalid_argument("memory model: unknown impl \"" + impl + "\"");
-  return StepBuilder(spec, impl, device_kind, threads).build(iterations);
+  return StepBuilder(spec, impl, device_kind, resolve_threads(options), cuda_fwd_kernel(options)).build(iterations);
 }
 
 // ---- Replays -----------------------------------------------------------------------------------
@@ -878,7 +899,7 @@ Prediction predict(const spec::Spec& spec, const std::string& variant, const std
   check_device_kind(device_kind);
   const spec::Variant& v = find_variant(spec, variant);
   const int threads = resolve_threads(options);
-  const Trace trace = build_trace(spec, v.impl, device_kind, threads, 1);
+  const Trace trace = build_trace(spec, v.impl, device_kind, options, 1);
   const PhasePeaks peaks = phase_peaks(trace, device_kind);
   Prediction p;
   p.variant = variant;
@@ -922,7 +943,7 @@ std::optional<OomPrediction> predict_oom(const spec::Spec& spec, const std::stri
                                          int64_t limit_bytes, const ModelOptions& options) {
   check_device_kind(device_kind);
   const spec::Variant& v = find_variant(spec, variant);
-  const Trace trace = build_trace(spec, v.impl, device_kind, resolve_threads(options), spec.warmup + spec.repeats);
+  const Trace trace = build_trace(spec, v.impl, device_kind, options, spec.warmup + spec.repeats);
   CachingAllocatorModel cuda(limit_bytes);
   int64_t cpu_in_use = 0;
   std::string phase = "inputs";
@@ -1008,6 +1029,7 @@ std::optional<OomMessage> parse_oom_message(const std::string& text) {
   if (!message.in_use_bytes) message.in_use_bytes = search_quantity(text, R"(with\s+)", R"(\s+in use)");
   message.capacity_bytes = search_quantity(text, "", R"(\s+allowed)");
   if (!message.capacity_bytes) message.capacity_bytes = search_quantity(text, R"(total capacity of\s+)", "");
+  if (!message.capacity_bytes) message.capacity_bytes = search_quantity(text, R"(--memory-limit\s+)", "");
   message.allocated_bytes = search_quantity(text, "", R"(\s+is allocated by PyTorch)");
   if (text.find("CUDA") != std::string::npos) message.device_kind = "cuda";
   else if (text.find("CPU") != std::string::npos) message.device_kind = "cpu";
@@ -1026,15 +1048,15 @@ struct Candidate {
 
 //! "1·32·8192·16384·4 B = 16.00 GiB"
 std::string numbers_of(const Allocation& a) {
-  return join_shape(a.shape, "·") + "·" + std::to_string(element_bytes(a.dtype)) + " B = " + gib_text(a.bytes);
+  return join_shape(a.shape, "·") + "·" + std::to_string(element_bytes(a.dtype)) + " B = " + size_text(a.bytes);
 }
 
 std::string describe_occurrence(const OomPrediction& oom, const spec::Spec& spec, int64_t cap) {
-  std::string text = "the replay under the " + gib_text(cap) + " cap fails here: " + oom.tensor + " of layer " +
+  std::string text = "the replay under the " + size_text(cap) + " cap fails here: " + oom.tensor + " of layer " +
                      std::to_string(oom.layer) + " (of " + std::to_string(spec.layers) + "), " + oom.phase + ", " +
                      (oom.iteration < spec.warmup ? "warm-up" : "measured") + " step " + std::to_string(oom.iteration) + ", with " +
-                     gib_text(oom.allocated_bytes) + " allocated";
-  if (oom.reserved_bytes != oom.allocated_bytes) text += " and " + gib_text(oom.reserved_bytes) + " reserved";
+                     size_text(oom.allocated_bytes) + " allocated";
+  if (oom.reserved_bytes != oom.allocated_bytes) text += " and " + size_text(oom.reserved_bytes) + " reserved";
   return text;
 }
 
@@ -1105,7 +1127,7 @@ std::vector<Match> explain(const std::vector<std::pair<nlohmann::json, spec::Spe
     m.phase = g.first.phase;
     m.within_tolerance = within;
     m.explanation = g.first.note + ": " + numbers_of(g.first);
-    if (g.by_segment) m.explanation += " (the allocator asks for " + gib_text(cuda_request_bytes(g.first.bytes)) + ")";
+    if (g.by_segment) m.explanation += " (the allocator asks for " + size_text(cuda_request_bytes(g.first.bytes)) + ")";
     if (!g.others.empty()) {
       std::string others;
       for (const std::string& o : g.others) others += (others.empty() ? "" : ", ") + o;

@@ -59,6 +59,9 @@ struct ModelOptions {
   //! CPU fused kernel: worker threads assumed to hold their tile buffers at the same time (the
   //! peak is then an upper bound: threads rarely peak together). 0: std::thread::hardware_concurrency().
   int cpu_threads = 1;
+  //! CUDA fused: the forward kernel that ran (its tiling sets the BlockMask and the schedule
+  //! scratch), as the dispatch trace names it; "" is the untuned default.
+  std::string cuda_fwd_kernel;
 };
 
 //! Predicted allocations and peaks of one variant of an attention_step spec (spec.dims, spec.dtype,
@@ -121,7 +124,7 @@ std::vector<Match> explain(const std::vector<std::pair<nlohmann::json, spec::Spe
 struct OomMessage {
   int64_t requested_bytes = 0;
   std::optional<int64_t> in_use_bytes;     //!< "this process has N GiB memory in use" / "N GiB already allocated" / "with N bytes in use"
-  std::optional<int64_t> capacity_bytes;   //!< "total capacity of N GiB", or the cap: "N GiB allowed"
+  std::optional<int64_t> capacity_bytes;   //!< the cap ("N GiB allowed", "--memory-limit N bytes"), else "total capacity of N GiB"
   std::optional<int64_t> allocated_bytes;  //!< "N GiB is allocated by PyTorch"
   std::string device_kind;                 //!< "cuda", "cpu", or "" when the message does not say
 };

@@ -108,12 +108,34 @@ void check_fail_on(const std::vector<std::string>& fail_on) {
   }
 }
 
+// The CUDA forward kernel a fused trial ran, from its dispatch records (config "fwd NAME: ..."),
+// or "" when it ran none (dense, CPU, failed before the forward).
+std::string cuda_fwd_kernel_of(const nlohmann::json& dispatch) {
+  if (!dispatch.is_array()) return "";
+  for (const auto& record : dispatch) {
+    if (!record.is_object() || record.value("op", "") != "attention_fwd" || record.value("impl", "") != "fused_cuda") continue;
+    const std::string config = record.value("config", "");
+    const auto colon = config.find(':');
+    if (config.rfind("fwd ", 0) == 0 && colon != std::string::npos) return config.substr(4, colon - 4);
+  }
+  return "";
+}
+
 // The memory model's prediction for each attention variant at each point, stored as metrics beside
-// the measured peaks so that `show`, diff and writeups put them side by side.
+// the measured peaks so that `show`, diff and writeups put them side by side. On CUDA it models
+// the forward kernel the trial's autotuner picked (its tiling sets the schedule scratch).
 std::vector<db::Metric> model_metrics(const spec::Spec& point_spec, const nlohmann::json& point,
-                                      const std::string& variant, const std::string& device) {
-  const auto prediction =
-      memory_model::predict(point_spec, variant, device.rfind("cuda", 0) == 0 ? "cuda" : "cpu");
+                                      const std::string& variant, const std::string& device,
+                                      const nlohmann::json& dispatch) {
+  memory_model::ModelOptions model_options;
+  model_options.cuda_fwd_kernel = cuda_fwd_kernel_of(dispatch);
+  memory_model::Prediction prediction;
+  const std::string device_kind = device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
+  try {
+    prediction = memory_model::predict(point_spec, variant, device_kind, model_options);
+  } catch (const std::invalid_argument&) {  // a kernel this build does not know: model the default
+    prediction = memory_model::predict(point_spec, variant, device_kind);
+  }
   return {{variant, point, "model_fwd_peak_bytes", static_cast<double>(prediction.fwd_peak_bytes), "bytes", -1},
           {variant, point, "model_bwd_peak_bytes", static_cast<double>(prediction.bwd_peak_bytes), "bytes", -1}};
 }
@@ -424,7 +446,8 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
       RecordedTrial recorded = record_trial(variant.name, point, outcome, launch.result_path, options.db_path);
       recorded.trial.started_at = started_at;
       if (run.spec.kind == "attention_step") {
-        const auto predicted = model_metrics(run.point_specs[job.point], point, variant.name, device);
+        const auto predicted =
+            model_metrics(run.point_specs[job.point], point, variant.name, device, recorded.trial.dispatch);
         recorded.metrics.insert(recorded.metrics.end(), predicted.begin(), predicted.end());
       }
 

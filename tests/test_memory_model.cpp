@@ -200,6 +200,7 @@ TEST_CASE("OOM messages: PyTorch's, the harness's, bare sizes; none without a si
   REQUIRE(cpu);
   CHECK(cpu->requested_bytes == 4096);
   CHECK(*cpu->in_use_bytes == 512);
+  CHECK(*cpu->capacity_bytes == 1000);
   CHECK(cpu->device_kind == "cpu");
   CHECK(mm::parse_oom_message("Tried to allocate 20.00 MiB")->requested_bytes == 20 * 1024 * 1024);
   CHECK(mm::parse_oom_message("16 GiB")->requested_bytes == int64_t{16} << 30);
