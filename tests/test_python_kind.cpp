@@ -161,6 +161,12 @@ TEST_CASE("python kind: how the script ended decides the status", "[python]") {
     CHECK(contains(result.error, "ValueError: the probe failed after measuring"));
     CHECK(named(result, "peak_bytes").size() == 1);
   }
+  SECTION("the error names the exception, not the hint printed after the traceback") {
+    const auto result = run_mode("exit_with_hint");
+    CHECK(result.status == "error");
+    CHECK(contains(result.error, "exited with code 1: LoweringException: RuntimeError: Found no NVIDIA driver"));
+    CHECK_FALSE(contains(result.error, "suppress_errors"));
+  }
   SECTION("skip") {
     const auto result = run_mode("skip");
     CHECK(result.status == "unsupported");

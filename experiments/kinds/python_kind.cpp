@@ -52,6 +52,20 @@ std::string last_nonempty_line(const std::string& text) {
   return last;
 }
 
+//! The last line of a Python traceback that names an exception ("torch.OutOfMemoryError: ...",
+//! "LoweringException: RuntimeError: ..."), else the last non-empty line: what a reader wants from
+//! a stderr tail, not the hint PyTorch prints after its traceback.
+std::string last_error_line_of(const std::string& text) {
+  static const std::regex exception_line(R"(^([A-Za-z_][\w.]*)(Error|Exception|Failed|Interrupt|Exit)\b[^:]*: .+)");
+  std::istringstream lines(text);
+  std::string line, last_exception;
+  while (std::getline(lines, line)) {
+    const std::string trimmed = trim(line);
+    if (std::regex_search(trimmed, exception_line)) last_exception = trimmed;
+  }
+  return last_exception.empty() ? last_nonempty_line(text) : last_exception;
+}
+
 std::string shorten(const std::string& text, size_t limit = 300) {
   return text.size() <= limit ? text : text.substr(0, limit) + "...";
 }
@@ -138,7 +152,8 @@ TrialResult run_python(const spec::Spec& spec, const TrialContext& context) {
   } catch (const std::invalid_argument& e) {
     return failed("error", e.what(), details);
   }
-  for (const auto& [name, variant] : params.variants) {
+  for (const auto& entry : params.variants) {
+    const std::string& name = entry.first;  // not a structured binding: clang < 16 cannot capture those
     const bool known = std::any_of(spec.variants.begin(), spec.variants.end(),
                                    [&](const spec::Variant& v) { return v.name == name; });
     if (!known) return failed("error", "params.variants." + name + " names no variant of the spec", details);
@@ -235,7 +250,7 @@ TrialResult run_python(const spec::Spec& spec, const TrialContext& context) {
   TrialResult result;
   result.details = details;
   if (output.is_object()) result.metrics = metrics_of(output, params);
-  const std::string last_error_line = last_nonempty_line(outcome.stderr_tail);
+  const std::string last_error_line = last_error_line_of(outcome.stderr_tail);
 
   if (outcome.interrupted) {
     result.status = "error";
@@ -279,7 +294,8 @@ TrialResult run_python(const spec::Spec& spec, const TrialContext& context) {
     result.error = output_problem;
   } else {
     std::vector<std::string> missing;
-    for (const auto& [name, unit] : params.metrics) {
+    for (const auto& entry : params.metrics) {
+      const std::string& name = entry.first;
       const bool printed = std::any_of(result.metrics.begin(), result.metrics.end(),
                                        [&](const MetricValue& m) { return m.name == name; });
       if (!printed) missing.push_back(name);

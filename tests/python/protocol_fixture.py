@@ -35,6 +35,13 @@ elif args.mode == "hang":
 elif args.mode == "exit":
     print(json.dumps({"peak_bytes": 5}))
     raise ValueError("the probe failed after measuring")
+elif args.mode == "exit_with_hint":
+    # Like PyTorch's compile errors: the exception, then hint lines after the traceback.
+    sys.stderr.write("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                     "LoweringException: RuntimeError: Found no NVIDIA driver on your system.\n\n"
+                     "You can suppress this exception and fall back to eager by setting:\n"
+                     "    torch._dynamo.config.suppress_errors = True\n")
+    sys.exit(1)
 elif args.mode == "skip":
     print(json.dumps({"skipped": "needs a CUDA GPU"}))
 elif args.mode == "oom_json":
