@@ -301,8 +301,15 @@ void print_run_diff(std::ostream& out, const RunDiff& diff, bool with_env, bool 
   } else {
     print_table(out, table);
   }
-  out << fmt::format("\n{} change{} called: {} worse, {} better, {} without a direction{}\n", called,
-                     called == 1 ? "" : "s", worse, better, called - worse - better,
+  const auto worse_trials = std::count_if(diff.trial_changes.begin(), diff.trial_changes.end(),
+                                          [](const TrialChange& t) { return t.regression; });
+  std::string trials;
+  if (!diff.trial_changes.empty()) {
+    trials = fmt::format("; {} trial status change{} ({} worse)", diff.trial_changes.size(),
+                         diff.trial_changes.size() == 1 ? "" : "s", worse_trials);
+  }
+  out << fmt::format("\n{} metric change{} called: {} worse, {} better, {} without a direction{}{}\n", called,
+                     called == 1 ? "" : "s", worse, better, called - worse - better, trials,
                      diff.verdict_flipped ? "; VERDICT FLIPPED" : "");
 }
 

@@ -119,6 +119,13 @@ struct RunView {
     series = collect_series(run.metrics);
     variants = variant_order(run);
     points = point_order(run);
+    // In a sweep, the run-level metrics (scaling fits) sit at the empty point: they are not a sweep
+    // point (the results table and the plots run over the sweep; the appendix lists them).
+    if (points.size() > 1) {
+      points.erase(std::remove_if(points.begin(), points.end(),
+                                  [](const json& point) { return point.is_null() || (point.is_object() && point.empty()); }),
+                   points.end());
+    }
     std::map<std::string, std::set<json>> values;
     for (const auto& point : points)
       if (point.is_object())

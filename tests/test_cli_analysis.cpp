@@ -136,7 +136,8 @@ TEST_CASE("diff of two real runs names the env var that changed and the memory t
   const Result same = runs.harness("diff " + ids(runs.a, runs.a) + " --fail-on regression --db " + runs.db());
   CHECK(same.exit_code == 0);
   CHECK(has(same.out, "env: same"));
-  CHECK(has(same.out, "0 changes called"));
+  CHECK(has(same.out, "0 metric changes called"));
+  CHECK_FALSE(has(same.out, "trial status change"));
 }
 
 TEST_CASE("diff by env compares the latest run of each experiment under each env", "[cli][analysis]") {

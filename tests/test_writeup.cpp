@@ -149,8 +149,11 @@ TEST_CASE("writeup of an experiment: every section, from its latest run", "[writ
   CHECK(has(md, "LibTorch 2.11.0"));
   CHECK(has(md, "Memory limit 96.0 GiB"));
   CHECK(has(md, "`dims.anchors` over [128,256,512]"));
-  // Results: one row per point and variant, the OOM trial's status.
+  // Results: one row per point and variant, the OOM trial's status; the run-level fit is no point.
   CHECK(has(md, "| anchors=512, layers=5 | dense | oom |"));
+  CHECK(has(md, "2 variants × 6 sweep points"));
+  CHECK(has(md, "(6 points)"));
+  CHECK(has(md, "`r2_q_kv`"));  // still listed with the measurements
   // Evidence: the clause and the fit the rule stored.
   CHECK(has(md, "by the clause `dense.status == oom`"));
   CHECK(has(md, "\"r2\":0.998"));
