@@ -11,5 +11,5 @@ sqlite_lib=$(ls /usr/lib/x86_64-linux-gnu/libsqlite3.so.0 2>/dev/null || ldconfi
 torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} \
   -DCMAKE_PREFIX_PATH="$torch_prefix" -DSQLite3_INCLUDE_DIR="$sqlite_include" -DSQLite3_LIBRARY="$sqlite_lib" \
-  -DHARNESS_TEST_CUDA=ON ${CMAKE_EXTRA_ARGS:-}
+  -DHARNESS_TEST_CUDA=ON -DHARNESS_GIT_COMMIT_OVERRIDE="$(cat "$root/.deps/git_commit" 2>/dev/null)" ${CMAKE_EXTRA_ARGS:-}
 cmake --build "$build_dir" -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} ${BUILD_KEEP_GOING:+-- -k 0}
