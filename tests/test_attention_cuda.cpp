@@ -19,6 +19,10 @@
 #include "tests/gpu.h"
 
 #ifdef HARNESS_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+#include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/fused_attention_cuda.h"
 #endif
 
@@ -282,6 +286,52 @@ TEST_CASE("fused_cuda autotunes its kernels once per key and names them in the d
   CHECK(records[1].reason.find("autotuned (") != std::string::npos);
   CHECK(records[3].reason.find("autotuned (memory") != std::string::npos);
   CHECK(records[1].config == records[3].config);
+}
+
+TEST_CASE("autotuning inside a call adds no output-sized memory to the call's peak", "[cuda][attention][autotune]") {
+  if (!have_gpu()) return;
+  // A key no other test tunes. The candidates write the call's own output and LSE, so the first
+  // (tuning) call may peak above the second (cached) one only by scratch, not by outputs.
+  const Case c = make_case("dflash", 1, 16, 4, 128, 40, 3000, dflash(2));
+  MaskContext mask(c.mask);
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({1, 16, c.mask.q_len, 128}, cuda);
+  const at::Tensor k = at::randn({1, 4, c.mask.kv_len, 128}, cuda);
+  const at::Tensor v = at::randn({1, 4, c.mask.kv_len, 128}, cuda);
+  // Every candidate's BlockMask first: they are cached for the mask's life, whoever builds them.
+  const harness::kernels::cuda::AttentionShape shape{1, 16, 4, static_cast<int32_t>(c.mask.q_len),
+                                                     static_cast<int32_t>(c.mask.kv_len), 128};
+  for (const auto kernel : harness::kernels::cuda::fwd_kernels()) {
+    const auto tile = harness::kernels::cuda::fwd_tile_shape(shape, kernel);
+    mask.block_mask(tile.block_m, tile.block_n, q.device());
+  }
+  const int device = q.device().index();
+  auto allocated = [&](bool peak) {
+    const auto& stat = c10::cuda::CUDACachingAllocator::getDeviceStats(device)
+                           .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    return peak ? stat.peak : stat.current;
+  };
+  DispatchTrace trace;
+  auto forward_peak = [&] {
+    c10::cuda::device_synchronize();
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+    const int64_t before = allocated(false);
+    const at::Tensor out = fused_attention_cuda(q, k, v, mask, 0.09, false, &trace);
+    c10::cuda::device_synchronize();
+    return allocated(true) - before;
+  };
+  const int64_t first = forward_peak();
+  const int64_t second = forward_peak();
+  const auto records = trace.records();
+  REQUIRE(records.size() == 2);
+  INFO("first call: " << first << " B (" << records[0].reason << "), second: " << second << " B");
+  if (records[0].reason.find("autotuned (tuned") == std::string::npos) {
+    WARN("the key was already in the disk cache: nothing was tuned in this process");
+    return;
+  }
+  CHECK(records[1].reason.find("autotuned (memory") != std::string::npos);
+  const int64_t output_bytes = q.numel() * 2;
+  CHECK(first - second < output_bytes / 4);
 }
 
 TEST_CASE("fused_cuda rejects an unknown kernel name", "[cuda][attention]") {

@@ -39,13 +39,18 @@ namespace kc = harness::kernels::cuda;
 //! What the backward needs besides the saved tensors. The BlockMask tensors and mask arrays are
 //! held here (reference counted), so the graph stays valid even if the MaskContext goes away.
 struct FusedCudaState : torch::CustomClassHolder {
-  kc::FwdKernel fwd_kernel = kc::FwdKernel::wgmma_m128_n128;
+  kc::FwdKernel fwd_kernel = kc::FwdKernel::wgmma_m128_n128;  //!< set by the forward's pick
+  std::string fwd_how;        //!< how the forward kernel was chosen (for the dispatch record)
+  std::string requested_fwd;  //!< CudaKernelChoice::fwd of the call ("" = autotune)
   std::string requested_bwd;  //!< CudaKernelChoice::bwd of the call ("" = autotune)
+  //! The call's mask, for the forward's candidates' BlockMasks; valid during the forward only
+  //! (apply() runs it inside fused_attention_cuda), null afterwards.
+  MaskContext* forward_mask = nullptr;
   std::string mask_kind;      //!< for the autotuner's key
   kc::AttentionShape shape;
   kc::MaskParams mask;
   at::Tensor anchors, doc_id;
-  BlockMask fwd_blocks, dq_blocks, dkdv_blocks;
+  BlockMask dq_blocks, dkdv_blocks;
   float scale = 1.f;
   bool deterministic = false;
   DispatchTrace* trace = nullptr;
@@ -226,24 +231,54 @@ class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> 
     const c10::cuda::CUDAGuard guard(q.device());
     at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-    kc::FwdParams params;
-    params.kernel = state->fwd_kernel;
-    params.shape = state->shape;
-    params.q = tensor_ref(q);
-    params.k = tensor_ref(k);
-    params.v = tensor_ref(v);
-    params.o = tensor_ref(out);
-    params.lse = lse.data_ptr<float>();
-    params.scale = state->scale;
-    params.mask = state->mask;
-    params.blocks = block_list(state->fwd_blocks);
-    at::Tensor scratch;
-    launch([&] {
-      scratch = at::empty({static_cast<int64_t>(kc::fwd_scratch_bytes(params.shape, params.blocks, params.kernel))},
+    TORCH_CHECK(state->forward_mask != nullptr, "fused_cuda attention: forward without its mask");
+    MaskContext& mask = *state->forward_mask;
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    // The parameters of kernel `kernel` at its own tiling (its BlockMask, cached in the MaskContext)
+    // writing `out` and `lse`, with `scratch` sized for it.
+    auto params_for = [&](kc::FwdKernel kernel, at::Tensor& scratch) {
+      const kc::TileShape tile = kc::fwd_tile_shape(state->shape, kernel);
+      kc::FwdParams params;
+      params.kernel = kernel;
+      params.shape = state->shape;
+      params.q = tensor_ref(q);
+      params.k = tensor_ref(k);
+      params.v = tensor_ref(v);
+      params.o = tensor_ref(out);
+      params.lse = lse.data_ptr<float>();
+      params.scale = state->scale;
+      params.mask = state->mask;
+      params.blocks = block_list(mask.block_mask(tile.block_m, tile.block_n, q.device()));
+      scratch = at::empty({static_cast<int64_t>(kc::fwd_scratch_bytes(params.shape, params.blocks, kernel))},
                           q.options().dtype(at::kByte));
       params.scratch = scratch.data_ptr();
       params.scratch_bytes = static_cast<size_t>(scratch.numel());
-      kc::run_attention_fwd(params, at::cuda::getCurrentCUDAStream(q.device().index()).stream());
+      return params;
+    };
+    launch([&] {
+      std::vector<std::string> names;
+      for (kc::FwdKernel kernel : kc::fwd_kernels()) names.push_back(kc::fwd_kernel_name(kernel));
+      // Candidates write the real out and lse (the chosen kernel overwrites them below), so tuning
+      // adds no output-sized memory to the step; what stays is each candidate's BlockMask.
+      const TimingFunction time = [&](const std::string& name) {
+        kc::FwdKernel kernel;
+        kc::parse_fwd_kernel(name, &kernel);
+        try {
+          at::Tensor scratch;
+          const kc::FwdParams params = params_for(kernel, scratch);
+          return time_launches_ms(stream, [&] { kc::run_attention_fwd(params, stream); });
+        } catch (const kc::UnsupportedConfig&) {
+          return std::numeric_limits<double>::infinity();
+        }
+      };
+      const KernelPick pick = pick_kernel(state->requested_fwd, "HARNESS_CUDA_FWD_KERNEL", names,
+                                          kc::fwd_kernel_name(kc::default_fwd_kernel(state->shape)),
+                                          tuning_key("attention_fwd", *state), time, q.device().index());
+      kc::parse_fwd_kernel(pick.name, &state->fwd_kernel);
+      state->fwd_how = pick.how;
+      at::Tensor scratch;
+      const kc::FwdParams params = params_for(state->fwd_kernel, scratch);
+      kc::run_attention_fwd(params, stream);
     });
     ctx->save_for_backward({q, k, v, out, lse});
     // saved_data holds IValues only; a capsule carries the state without registering a class.
@@ -289,14 +324,11 @@ class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> 
       params.scratch_bytes = static_cast<size_t>(scratch.numel());
       std::vector<std::string> names;
       for (kc::BwdKernel kernel : kc::bwd_kernels()) names.push_back(kc::bwd_kernel_name(kernel));
-      // Candidates write scratch gradients (same shapes), never the real ones.
+      // Candidates write the real gradients (the chosen kernel overwrites them below), so tuning
+      // adds no gradient-sized memory to the step.
       const TimingFunction time = [&](const std::string& name) {
         kc::BwdParams trial = params;
         kc::parse_bwd_kernel(name, &trial.kernel);
-        const at::Tensor tq = at::empty_like(dq), tk = at::empty_like(dk), tv = at::empty_like(dv);
-        trial.dq = tensor_ref(tq);
-        trial.dk = tensor_ref(tk);
-        trial.dv = tensor_ref(tv);
         try {
           return time_launches_ms(stream, [&] { kc::run_attention_bwd(trial, stream); });
         } catch (const kc::UnsupportedConfig&) {
@@ -386,59 +418,26 @@ at::Tensor fused_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, 
   TORCH_CHECK(resolved.kind != MaskKind::document_causal || state->doc_id.numel() >= resolved.kv_len,
               "fused_cuda attention: the document_causal mask needs a document id per KV position");
 
-  kc::TileShape fwd_tile, dq_tile, dkdv_tile;
-  KernelPick fwd_pick;
+  kc::TileShape dq_tile, dkdv_tile;
   launch([&] {
     dq_tile = kc::bwd_dq_tile_shape(state->shape);
     dkdv_tile = kc::bwd_dkdv_tile_shape(state->shape);
-    std::vector<std::string> names;
-    for (kc::FwdKernel kernel : kc::fwd_kernels()) names.push_back(kc::fwd_kernel_name(kernel));
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    // Each candidate reads the BlockMask of its own tiling (cached in the MaskContext) and writes
-    // scratch outputs.
-    const TimingFunction time = [&](const std::string& name) {
-      kc::FwdKernel kernel;
-      kc::parse_fwd_kernel(name, &kernel);
-      try {
-        const kc::TileShape tile = kc::fwd_tile_shape(state->shape, kernel);
-        kc::FwdParams params;
-        params.kernel = kernel;
-        params.shape = state->shape;
-        params.q = tensor_ref(q);
-        params.k = tensor_ref(k);
-        params.v = tensor_ref(v);
-        const at::Tensor out = at::empty(q.sizes(), q.options());
-        const at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-        params.o = tensor_ref(out);
-        params.lse = lse.data_ptr<float>();
-        params.scale = state->scale;
-        params.mask = state->mask;
-        params.blocks = block_list(mask.block_mask(tile.block_m, tile.block_n, q.device()));
-        const at::Tensor scratch = at::empty({static_cast<int64_t>(kc::fwd_scratch_bytes(params.shape, params.blocks, kernel))},
-                                             q.options().dtype(at::kByte));
-        params.scratch = scratch.data_ptr();
-        params.scratch_bytes = static_cast<size_t>(scratch.numel());
-        return time_launches_ms(stream, [&] { kc::run_attention_fwd(params, stream); });
-      } catch (const kc::UnsupportedConfig&) {
-        return std::numeric_limits<double>::infinity();
-      }
-    };
-    fwd_pick = pick_kernel(kernels.fwd, "HARNESS_CUDA_FWD_KERNEL", names, kc::fwd_kernel_name(kc::default_fwd_kernel(state->shape)),
-                           tuning_key("attention_fwd", *state), time, q.device().index());
-    kc::parse_fwd_kernel(fwd_pick.name, &state->fwd_kernel);
-    fwd_tile = kc::fwd_tile_shape(state->shape, state->fwd_kernel);
   });
-  // Each kernel reads the BlockMask at its own tiling (MaskContext builds each once and caches it;
-  // equal tilings share one).
-  state->fwd_blocks = mask.block_mask(fwd_tile.block_m, fwd_tile.block_n, q.device());
+  // The backward kernels read the BlockMasks at their own tilings (MaskContext builds each once
+  // and caches it; equal tilings share one); the forward picks its kernel, and so its tiling, in
+  // FusedAttentionCuda::forward.
   state->dq_blocks = mask.block_mask(dq_tile.block_m, dq_tile.block_n, q.device());
   state->dkdv_blocks = mask.block_mask(dkdv_tile.block_m, dkdv_tile.block_n, q.device());
 
+  state->requested_fwd = kernels.fwd;
+  state->forward_mask = &mask;
   at::Tensor out = FusedAttentionCuda::apply(q, k, v, state);
+  state->forward_mask = nullptr;
   if (trace) {
     trace->record({"attention_fwd", "fused_cuda", q.device().str(),
                    "impl=fused on CUDA: block-sparse flash attention (bf16, online softmax, LSE saved), empty blocks "
-                   "skipped, full blocks without mask work; kernel " + fwd_pick.name + " " + fwd_pick.how,
+                   "skipped, full blocks without mask work; kernel " + std::string(kc::fwd_kernel_name(state->fwd_kernel)) +
+                       " " + state->fwd_how,
                    kc::describe_fwd_config(state->shape, state->fwd_kernel)});
   }
   return out;
