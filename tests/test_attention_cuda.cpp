@@ -298,17 +298,19 @@ TEST_CASE("autotuning inside a call adds no output-sized memory to the call's pe
   const at::Tensor q = at::randn({1, 16, c.mask.q_len, 128}, cuda);
   const at::Tensor k = at::randn({1, 4, c.mask.kv_len, 128}, cuda);
   const at::Tensor v = at::randn({1, 4, c.mask.kv_len, 128}, cuda);
-  // Every candidate's BlockMask first: they are cached for the mask's life, whoever builds them.
-  const harness::kernels::cuda::AttentionShape shape{1, 16, 4, static_cast<int32_t>(c.mask.q_len),
-                                                     static_cast<int32_t>(c.mask.kv_len), 128};
-  for (const auto kernel : harness::kernels::cuda::fwd_kernels()) {
-    const auto tile = harness::kernels::cuda::fwd_tile_shape(shape, kernel);
-    mask.block_mask(tile.block_m, tile.block_n, q.device());
-  }
+  // What the MaskContext caches for the mask's life first (device mask arrays, every candidate's
+  // and the backward's BlockMasks), so that the two calls differ only in the tuning.
+  namespace kc = harness::kernels::cuda;
+  const kc::AttentionShape shape{1, 16, 4, static_cast<int32_t>(c.mask.q_len), static_cast<int32_t>(c.mask.kv_len), 128};
+  mask.anchors(q.device());
+  mask.doc_id(q.device());
+  std::vector<kc::TileShape> tiles = {kc::bwd_dq_tile_shape(shape), kc::bwd_dkdv_tile_shape(shape)};
+  for (const auto kernel : kc::fwd_kernels()) tiles.push_back(kc::fwd_tile_shape(shape, kernel));
+  for (const auto& tile : tiles) mask.block_mask(tile.block_m, tile.block_n, q.device());
   const int device = q.device().index();
-  auto allocated = [&](bool peak) {
-    const auto& stat = c10::cuda::CUDACachingAllocator::getDeviceStats(device)
-                           .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  auto allocated = [&](bool peak) -> int64_t {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);  // by value: a reference would dangle
+    const auto& stat = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
     return peak ? stat.peak : stat.current;
   };
   DispatchTrace trace;
