@@ -21,6 +21,12 @@ struct BlockMaskBuildParams {
   int32_t num_q_blocks = 0;
   int32_t num_kv_blocks = 0;
   uint8_t* pair_states = nullptr;          //!< scratch [num_q_blocks * num_kv_blocks]
+  //! Scratch [q_len] of int4 (context lo, hi, band lo, hi): each query's visible keys as two
+  //! intervals, used when `docs_contiguous` (then every pair is classified from its rows' spans).
+  int4* row_spans = nullptr;
+  //! Whether doc_id is non-decreasing, so each document is one contiguous span of positions and a
+  //! row's document-restricted context is an interval. Otherwise every element is evaluated.
+  bool docs_contiguous = false;
   int32_t* kv_num_blocks = nullptr;        //!< [num_q_blocks]
   int32_t* kv_indices = nullptr;           //!< [num_q_blocks, num_kv_blocks]
   int32_t* full_kv_num_blocks = nullptr;   //!< [num_q_blocks]

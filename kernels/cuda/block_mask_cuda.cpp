@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -93,7 +94,9 @@ BlockMask build_block_mask_cuda(const ResolvedMask& mask, int64_t block_m, int64
   constexpr int64_t kAlign = 64;
   const auto padded = [](int64_t elements) { return ceil_div(elements, kAlign) * kAlign; };
   const int64_t state_words = ceil_div(pairs, static_cast<int64_t>(sizeof(int32_t)));
-  const int64_t total = 4 * padded(num_q_blocks) + 4 * padded(num_kv_blocks) + 4 * padded(pairs) + padded(state_words);
+  const int64_t span_words = 4 * mask.q_len;  // int4 per query row
+  const int64_t total =
+      4 * padded(num_q_blocks) + 4 * padded(num_kv_blocks) + 4 * padded(pairs) + padded(state_words) + padded(span_words);
   const at::Tensor buffer = at::empty({total}, at::TensorOptions().dtype(at::kInt).device(device));
   int64_t offset = 0;
   const auto take = [&](at::IntArrayRef shape) {
@@ -113,6 +116,9 @@ BlockMask build_block_mask_cuda(const ResolvedMask& mask, int64_t block_m, int64
   block_mask.full_q_indices = take({1, 1, num_kv_blocks, num_q_blocks});
   int32_t* const states = buffer.data_ptr<int32_t>() + offset;
   params.pair_states = reinterpret_cast<uint8_t*>(states);
+  offset += padded(state_words);
+  params.row_spans = reinterpret_cast<int4*>(buffer.data_ptr<int32_t>() + offset);  // 256-byte aligned
+  params.docs_contiguous = std::is_sorted(mask.doc_id.begin(), mask.doc_id.end());
   params.kv_num_blocks = block_mask.kv_num_blocks.data_ptr<int32_t>();
   params.kv_indices = block_mask.kv_indices.data_ptr<int32_t>();
   params.full_kv_num_blocks = block_mask.full_kv_num_blocks.data_ptr<int32_t>();
