@@ -155,7 +155,7 @@ Autotuner& device_autotuner(int device) {
 }
 
 //! Median of 5 timed launches after one warm-up (module load, tensor-map encoding), CUDA events on
-//! `stream`. Candidates are timed on the call's own inputs, into scratch outputs.
+//! `stream`. Candidates are timed on the call's own inputs, writing its own outputs.
 double time_launches_ms(cudaStream_t stream, const std::function<void()>& launch) {
   launch();
   cudaEvent_t start = nullptr, stop = nullptr;
