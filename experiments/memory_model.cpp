@@ -625,11 +625,13 @@ int resolve_threads(const ModelOptions& options) {
 //! ModelOptions::cuda_fwd_kernel as the kernels' enum ("" is the untuned default).
 kernels::cuda::FwdKernel cuda_fwd_kernel(const ModelOptions& options) {
   if (options.cuda_fwd_kernel.empty()) return kernels::cuda::kDefaultFwdKernel;
+  kernels::cuda::FwdKernel kernel{};
+  if (kernels::cuda::kernel_from_label(options.cuda_fwd_kernel, kernels::cuda::kFwdKernels, kernels::cuda::fwd_kernel_label,
+                                       &kernel))
+    return kernel;
   std::string known;
-  for (kernels::cuda::FwdKernel kernel : kernels::cuda::kFwdKernels) {
-    if (options.cuda_fwd_kernel == kernels::cuda::fwd_kernel_label(kernel)) return kernel;
-    known += (known.empty() ? "" : ", ") + std::string(kernels::cuda::fwd_kernel_label(kernel));
-  }
+  for (const kernels::cuda::FwdKernel k : kernels::cuda::kFwdKernels)
+    known += (known.empty() ? "" : ", ") + std::string(kernels::cuda::fwd_kernel_label(k));
   throw std::invalid_argument("memory model: unknown CUDA forward kernel \"" + options.cuda_fwd_kernel + "\"; known: " + known);
 }
 

@@ -5,7 +5,9 @@
 // accumulator stays in registers (mma.sync m16n8k16) and P / dS feed the next MMA straight from
 // registers without a shared-memory round trip.
 
+#include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 namespace harness::kernels::cuda {
 
@@ -56,6 +58,30 @@ constexpr FwdKernel kFwdKernels[] = {FwdKernel::wgmma_m128_n128, FwdKernel::wgmm
 //! 0.520 ms against 0.595 / 0.613 / 1.313 for the others) and within 22% of the best on dflash
 //! (0.135 ms against wgmma_m64_n64's 0.111 at 128 anchors), which the autotuner picks there.
 constexpr FwdKernel kDefaultFwdKernel = kFwdKernels[0];
+
+constexpr const char* bwd_kernel_label(BwdKernel kernel) {
+  switch (kernel) {
+    case BwdKernel::mma: return "mma";
+    case BwdKernel::wgmma: return "wgmma";
+  }
+  return "unknown";
+}
+//! Every backward kernel, the default first: the wgmma one, faster on every measured case.
+constexpr BwdKernel kBwdKernels[] = {BwdKernel::wgmma, BwdKernel::mma};
+constexpr BwdKernel kDefaultBwdKernel = kBwdKernels[0];
+
+//! The kernel of `kernels` whose label is `name`; false when none is.
+template <typename Kernel, std::size_t N>
+constexpr bool kernel_from_label(std::string_view name, const Kernel (&kernels)[N], const char* (*label)(Kernel),
+                                 Kernel* found) {
+  for (const Kernel kernel : kernels) {
+    if (name == label(kernel)) {
+      *found = kernel;
+      return true;
+    }
+  }
+  return false;
+}
 
 //! Forward (and its shared-memory plan): Q tile [kBlockM x D] resident, K and V tiles
 //! [kBlockN x D] in a kStages-deep cp.async ring.

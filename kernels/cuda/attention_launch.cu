@@ -307,13 +307,7 @@ const std::vector<FwdKernel>& fwd_kernels() {
 const char* fwd_kernel_name(FwdKernel kernel) { return fwd_kernel_label(kernel); }
 
 bool parse_fwd_kernel(const std::string& name, FwdKernel* kernel) {
-  for (FwdKernel candidate : fwd_kernels()) {
-    if (name == fwd_kernel_name(candidate)) {
-      *kernel = candidate;
-      return true;
-    }
-  }
-  return false;
+  return kernel_from_label(name, kFwdKernels, fwd_kernel_label, kernel);
 }
 
 FwdKernel default_fwd_kernel(const AttentionShape& shape) {
@@ -374,26 +368,14 @@ std::string describe_bwd_config(const AttentionShape& shape, BwdKernel kernel) {
 }
 
 const std::vector<BwdKernel>& bwd_kernels() {
-  static const std::vector<BwdKernel> kernels = {BwdKernel::wgmma, BwdKernel::mma};
+  static const std::vector<BwdKernel> kernels(std::begin(kBwdKernels), std::end(kBwdKernels));
   return kernels;
 }
 
-const char* bwd_kernel_name(BwdKernel kernel) {
-  switch (kernel) {
-    case BwdKernel::mma: return "mma";
-    case BwdKernel::wgmma: return "wgmma";
-  }
-  return "unknown";
-}
+const char* bwd_kernel_name(BwdKernel kernel) { return bwd_kernel_label(kernel); }
 
 bool parse_bwd_kernel(const std::string& name, BwdKernel* kernel) {
-  for (BwdKernel candidate : bwd_kernels()) {
-    if (name == bwd_kernel_name(candidate)) {
-      *kernel = candidate;
-      return true;
-    }
-  }
-  return false;
+  return kernel_from_label(name, kBwdKernels, bwd_kernel_label, kernel);
 }
 
 void run_attention_fwd(const FwdParams& params, cudaStream_t stream) {

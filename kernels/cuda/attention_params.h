@@ -91,7 +91,7 @@ struct WorkItem {
 //! Forward: o = softmax(scale * q k^T + mask) v, lse = logsumexp per row (natural log, -inf for
 //! rows that see nothing; their o is 0).
 struct FwdParams {
-  FwdKernel kernel = FwdKernel::wgmma_m128_n128;  //!< which kernel runs; blocks must be at its tiling
+  FwdKernel kernel = kDefaultFwdKernel;  //!< which kernel runs; blocks must be at its tiling
   AttentionShape shape;
   TensorRef q, k, v, o;
   float* lse = nullptr;
@@ -104,7 +104,7 @@ struct FwdParams {
 
 //! Backward: dq, dk, dv from q, k, v, o, do and the forward's lse.
 struct BwdParams {
-  BwdKernel kernel = BwdKernel::wgmma;
+  BwdKernel kernel = kDefaultBwdKernel;
   AttentionShape shape;
   TensorRef q, k, v, o, dout, dq, dk, dv;
   const float* lse = nullptr;

@@ -39,7 +39,7 @@ namespace kc = harness::kernels::cuda;
 //! What the backward needs besides the saved tensors. The BlockMask tensors and mask arrays are
 //! held here (reference counted), so the graph stays valid even if the MaskContext goes away.
 struct FusedCudaState : torch::CustomClassHolder {
-  kc::FwdKernel fwd_kernel = kc::FwdKernel::wgmma_m128_n128;  //!< set by the forward's pick
+  kc::FwdKernel fwd_kernel = kc::kDefaultFwdKernel;  //!< set by the forward's pick
   std::string fwd_how;        //!< how the forward kernel was chosen (for the dispatch record)
   std::string requested_fwd;  //!< CudaKernelChoice::fwd of the call ("" = autotune)
   std::string requested_bwd;  //!< CudaKernelChoice::bwd of the call ("" = autotune)
@@ -189,6 +189,14 @@ std::string timings_text(const Choice& choice) {
   return text;
 }
 
+//! The candidates' names, in the kernels' order (the autotuner's candidate list).
+template <typename Kernel>
+std::vector<std::string> kernel_names(const std::vector<Kernel>& kernels, const char* (*name)(Kernel)) {
+  std::vector<std::string> names;
+  for (const Kernel kernel : kernels) names.push_back(name(kernel));
+  return names;
+}
+
 std::string joined(const std::vector<std::string>& names) {
   std::string text;
   for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
@@ -256,8 +264,7 @@ class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> 
       return params;
     };
     launch([&] {
-      std::vector<std::string> names;
-      for (kc::FwdKernel kernel : kc::fwd_kernels()) names.push_back(kc::fwd_kernel_name(kernel));
+      static const std::vector<std::string> names = kernel_names(kc::fwd_kernels(), kc::fwd_kernel_name);
       // Candidates write the real out and lse (the chosen kernel overwrites them below), so tuning
       // adds no output-sized memory to the step; what stays is each candidate's BlockMask.
       const TimingFunction time = [&](const std::string& name) {
@@ -322,8 +329,7 @@ class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> 
                           q.options().dtype(at::kByte));
       params.scratch = scratch.data_ptr();
       params.scratch_bytes = static_cast<size_t>(scratch.numel());
-      std::vector<std::string> names;
-      for (kc::BwdKernel kernel : kc::bwd_kernels()) names.push_back(kc::bwd_kernel_name(kernel));
+      static const std::vector<std::string> names = kernel_names(kc::bwd_kernels(), kc::bwd_kernel_name);
       // Candidates write the real gradients (the chosen kernel overwrites them below), so tuning
       // adds no gradient-sized memory to the step.
       const TimingFunction time = [&](const std::string& name) {
@@ -335,7 +341,7 @@ class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> 
           return std::numeric_limits<double>::infinity();
         }
       };
-      pick = pick_kernel(state->requested_bwd, "HARNESS_CUDA_BWD_KERNEL", names, names.front(),
+      pick = pick_kernel(state->requested_bwd, "HARNESS_CUDA_BWD_KERNEL", names, kc::bwd_kernel_name(kc::kDefaultBwdKernel),
                          tuning_key("attention_bwd", *state), time, q.device().index());
       kc::parse_bwd_kernel(pick.name, &params.kernel);
       kc::run_attention_bwd(params, stream);
