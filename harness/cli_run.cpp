@@ -108,15 +108,13 @@ void check_fail_on(const std::vector<std::string>& fail_on) {
   }
 }
 
-// The CUDA forward kernel a fused trial ran, from its dispatch records (config "fwd NAME: ..."),
-// or "" when it ran none (dense, CPU, failed before the forward).
+// The CUDA forward kernel a fused trial ran, from its dispatch records, or "" when it ran none
+// (dense, CPU, failed before the forward).
 std::string cuda_fwd_kernel_of(const nlohmann::json& dispatch) {
   if (!dispatch.is_array()) return "";
   for (const auto& record : dispatch) {
-    if (!record.is_object() || record.value("op", "") != "attention_fwd" || record.value("impl", "") != "fused_cuda") continue;
-    const std::string config = record.value("config", "");
-    const auto colon = config.find(':');
-    if (config.rfind("fwd ", 0) == 0 && colon != std::string::npos) return config.substr(4, colon - 4);
+    if (record.is_object() && record.value("op", "") == "attention_fwd" && record.value("impl", "") == "fused_cuda")
+      return record.value("kernel", "");
   }
   return "";
 }

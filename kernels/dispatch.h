@@ -15,6 +15,7 @@ struct DispatchRecord {
   std::string device;  //!< "cpu", "cuda:0"
   std::string reason;  //!< why this implementation was chosen
   std::string config;  //!< tile config or other parameters ("block_m=64 block_n=64")
+  std::string kernel = "";  //!< which of the implementation's kernels ran ("wgmma_m64_n64"), "" when it has one
 };
 
 //! Thread-safe append-only list of dispatch records.

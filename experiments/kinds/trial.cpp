@@ -17,10 +17,10 @@ nlohmann::json to_json(const TrialResult& result) {
   json["dispatch"] = nlohmann::json::array();
   for (const auto& d : result.dispatch) {
     const nlohmann::json record = {
-        {"op", d.op}, {"impl", d.impl}, {"device", d.device}, {"reason", d.reason}, {"config", d.config}};
+        {"op", d.op}, {"impl", d.impl}, {"device", d.device}, {"reason", d.reason}, {"config", d.config}, {"kernel", d.kernel}};
     auto same = std::find_if(json["dispatch"].begin(), json["dispatch"].end(), [&](const nlohmann::json& seen) {
       return seen["op"] == record["op"] && seen["impl"] == record["impl"] && seen["device"] == record["device"] &&
-             seen["reason"] == record["reason"] && seen["config"] == record["config"];
+             seen["reason"] == record["reason"] && seen["config"] == record["config"] && seen["kernel"] == record["kernel"];
     });
     if (same != json["dispatch"].end()) {
       (*same)["calls"] = (*same)["calls"].get<int>() + 1;
@@ -46,7 +46,7 @@ TrialResult trial_result_from_json(const nlohmann::json& json) {
                               m.value("unit", ""), m.value("repeat", -1)});
   for (const auto& d : json.value("dispatch", nlohmann::json::array()))
     result.dispatch.push_back({d.value("op", ""), d.value("impl", ""), d.value("device", ""),
-                               d.value("reason", ""), d.value("config", "")});
+                               d.value("reason", ""), d.value("config", ""), d.value("kernel", "")});
   result.details = json.value("details", nlohmann::json::object());
   for (const auto& a : json.value("artifacts", nlohmann::json::array()))
     result.artifacts.push_back({a.value("kind", ""), a.value("sha256", ""), a.value("path", ""),

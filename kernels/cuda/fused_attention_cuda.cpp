@@ -352,7 +352,7 @@ class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> 
                                         "group's heads, dQ per q block; no atomics, bitwise deterministic (deterministic=") +
                                 (state->deterministic ? "true" : "false") + " costs nothing); kernel " + pick.name + " " +
                                 pick.how,
-                            kc::describe_bwd_config(state->shape, params.kernel)});
+                            kc::describe_bwd_config(state->shape, params.kernel), pick.name});
     }
     return {dq, dk, dv, at::Tensor()};
   }
@@ -444,7 +444,7 @@ at::Tensor fused_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, 
                    "impl=fused on CUDA: block-sparse flash attention (bf16, online softmax, LSE saved), empty blocks "
                    "skipped, full blocks without mask work; kernel " + std::string(kc::fwd_kernel_name(state->fwd_kernel)) +
                        " " + state->fwd_how,
-                   kc::describe_fwd_config(state->shape, state->fwd_kernel)});
+                   kc::describe_fwd_config(state->shape, state->fwd_kernel), kc::fwd_kernel_name(state->fwd_kernel)});
   }
   return out;
 }
