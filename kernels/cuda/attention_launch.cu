@@ -61,6 +61,16 @@ void set_smem_limit(Kernel kernel, int bytes) {
   HARNESS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
+//! Launches `kernel` as `ctas` CTAs of `threads` threads with `smem_bytes` of dynamic shared memory
+//! (its limit raised first) and checks the launch; `name` goes into the error.
+template <typename... KernelParams, typename... Args>
+void launch_kernel(void (*kernel)(KernelParams...), const char* name, int64_t ctas, int threads, int smem_bytes,
+                   cudaStream_t stream, const Args&... args) {
+  set_smem_limit(kernel, smem_bytes);
+  kernel<<<static_cast<unsigned>(ctas), threads, smem_bytes, stream>>>(args...);
+  check_cuda(cudaGetLastError(), (std::string("launch of ") + name).c_str(), __func__, __FILE__, __LINE__);
+}
+
 // ---- Scratch layout ------------------------------------------------------------------------------
 
 constexpr size_t kScratchAlign = 256;
@@ -170,10 +180,8 @@ CUtensorMap consumer_rows_map(const TensorRef& t, const AttentionShape& s, const
 
 template <class Cfg>
 void launch_fwd_mma(const FwdParams& params, const WorkItem* schedule, int64_t ctas, cudaStream_t stream) {
-  auto kernel = device::attention_fwd_kernel<Cfg>;
-  set_smem_limit(kernel, Cfg::kSmemBytes);
-  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params, schedule);
-  HARNESS_CUDA_LAUNCH_CHECK("attention_fwd_kernel");
+  launch_kernel(device::attention_fwd_kernel<Cfg>, "attention_fwd_kernel", ctas, Cfg::kThreads, Cfg::kSmemBytes, stream,
+                params, schedule);
 }
 
 template <class Cfg>
@@ -191,10 +199,8 @@ void launch_fwd_wgmma(const FwdParams& params, const TileShape& tile, const Work
   maps.k = kv_side_map(params.k, s, Cfg::kBlockN, "k");
   maps.v = kv_side_map(params.v, s, Cfg::kBlockN, "v");
   maps.o = consumer_rows_map(params.o, s, tile, "o");
-  auto kernel = device::attention_fwd_wgmma_kernel<Cfg>;
-  set_smem_limit(kernel, Cfg::kSmemBytes);
-  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params, maps, schedule);
-  HARNESS_CUDA_LAUNCH_CHECK("attention_fwd_wgmma_kernel");
+  launch_kernel(device::attention_fwd_wgmma_kernel<Cfg>, "attention_fwd_wgmma_kernel", ctas, Cfg::kThreads, Cfg::kSmemBytes,
+                stream, params, maps, schedule);
 }
 
 template <int kHeadDim>
@@ -260,11 +266,8 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   launch_schedule(dkdv_items, dq_items, scratch.schedule, stream);
 
   if (params.kernel == BwdKernel::mma) {
-    auto kernel = device::attention_bwd_kernel<DkdvCfg, DqCfg>;
-    set_smem_limit(kernel, kBwdSmemBytes<kHeadDim>);
-    kernel<<<static_cast<unsigned>(ctas), DkdvCfg::kThreads, kBwdSmemBytes<kHeadDim>, stream>>>(params, scratch);
-    HARNESS_CUDA_LAUNCH_CHECK("attention_bwd_kernel");
-    return;
+    return launch_kernel(device::attention_bwd_kernel<DkdvCfg, DqCfg>, "attention_bwd_kernel", ctas, DkdvCfg::kThreads,
+                         kBwdSmemBytes<kHeadDim>, stream, params, scratch);
   }
   using Cfg = BwdWgmmaConfig<kHeadDim, 2>;
   const AttentionShape& s = params.shape;
@@ -280,10 +283,8 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   maps.k_dq = kv_side_map(params.k, s, Cfg::kDqBlockN, "k");
   maps.v_dq = kv_side_map(params.v, s, Cfg::kDqBlockN, "v");
   maps.dq = consumer_rows_map(params.dq, s, dq_tile, "dq");
-  auto kernel = device::attention_bwd_wgmma_kernel<Cfg>;
-  set_smem_limit(kernel, Cfg::kSmemBytes);
-  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params, maps, scratch);
-  HARNESS_CUDA_LAUNCH_CHECK("attention_bwd_wgmma_kernel");
+  launch_kernel(device::attention_bwd_wgmma_kernel<Cfg>, "attention_bwd_wgmma_kernel", ctas, Cfg::kThreads, Cfg::kSmemBytes,
+                stream, params, maps, scratch);
 }
 
 std::string describe_tile(const char* name, const TileShape& tile) {

@@ -33,14 +33,31 @@ constexpr int kClassifyThreads = 256;
 //! Threads per list CTA (one row or column each).
 constexpr int kListThreads = 128;
 
-__global__ void __launch_bounds__(kClassifyThreads) classify_pairs_kernel(const __grid_constant__ BlockMaskBuildParams params) {
+//! The in-range part of this CTA's (q block, kv block) pair (one CTA per pair, row-major).
+struct PairRange {
+  int q_begin, kv_begin;
+  int rows, columns;  //!< in-range rows and columns (the ragged last blocks are smaller)
+};
+__device__ __forceinline__ PairRange pair_range(const BlockMaskBuildParams& params) {
   const int pair = blockIdx.x;
   const int q_block = pair / params.num_kv_blocks;
   const int kv_block = pair - q_block * params.num_kv_blocks;
   const int q_begin = q_block * params.block_m;
   const int kv_begin = kv_block * params.block_n;
-  const int rows = min(params.block_m, params.mask.q_len - q_begin);
-  const int columns = min(params.block_n, params.mask.kv_len - kv_begin);
+  return {q_begin, kv_begin, min(params.block_m, params.mask.q_len - q_begin), min(params.block_n, params.mask.kv_len - kv_begin)};
+}
+
+//! Writes the pair's state byte from every thread's (any visible, all visible); every thread
+//! must call it (two CTA barriers).
+__device__ __forceinline__ void write_pair_state(const BlockMaskBuildParams& params, bool any_visible, bool all_visible) {
+  const int any_in_block = __syncthreads_or(any_visible);
+  const int all_in_block = __syncthreads_and(all_visible);
+  if (threadIdx.x == 0) params.pair_states[blockIdx.x] = !any_in_block ? kEmpty : (all_in_block ? kFull : kPartial);
+}
+
+__global__ void __launch_bounds__(kClassifyThreads) classify_pairs_kernel(const __grid_constant__ BlockMaskBuildParams params) {
+  const PairRange pair = pair_range(params);
+  const int q_begin = pair.q_begin, kv_begin = pair.kv_begin, rows = pair.rows, columns = pair.columns;
   // Thread t starts at element t of the pair in row-major order and steps by blockDim.x elements,
   // tracked as (row, column) with a carry instead of a 64-bit division per element.
   const int row_step = blockDim.x / columns;
@@ -63,11 +80,7 @@ __global__ void __launch_bounds__(kClassifyThreads) classify_pairs_kernel(const 
     }
   }
   // Every thread reaches both barriers (the early exit above only leaves the loop).
-  const int any_in_block = __syncthreads_or(any_visible);
-  const int all_in_block = __syncthreads_and(all_visible);
-  if (threadIdx.x == 0) {
-    params.pair_states[pair] = !any_in_block ? kEmpty : (all_in_block ? kFull : kPartial);
-  }
+  write_pair_state(params, any_visible, all_visible);
 }
 
 //! Length of [lo, hi) ∩ [begin, end).
@@ -103,29 +116,19 @@ __global__ void row_spans_kernel(const __grid_constant__ BlockMaskBuildParams pa
 //! One CTA per (q block, kv block) pair from the rows' spans: visible keys of a row in the pair =
 //! |context ∩ pair| + |band ∩ pair| - |context ∩ band ∩ pair|.
 __global__ void __launch_bounds__(kClassifyThreads) classify_spans_kernel(const __grid_constant__ BlockMaskBuildParams params) {
-  const int pair = blockIdx.x;
-  const int q_block = pair / params.num_kv_blocks;
-  const int kv_block = pair - q_block * params.num_kv_blocks;
-  const int q_begin = q_block * params.block_m;
-  const int kv_begin = kv_block * params.block_n;
-  const int rows = min(params.block_m, params.mask.q_len - q_begin);
-  const int kv_end = kv_begin + min(params.block_n, params.mask.kv_len - kv_begin);
-  const int columns = kv_end - kv_begin;
+  const PairRange pair = pair_range(params);
+  const int kv_begin = pair.kv_begin, kv_end = pair.kv_begin + pair.columns;
   bool any_visible = false;
   bool all_visible = true;
-  for (int row = static_cast<int>(threadIdx.x); row < rows; row += static_cast<int>(blockDim.x)) {
-    const int4 span = params.row_spans[q_begin + row];
+  for (int row = static_cast<int>(threadIdx.x); row < pair.rows; row += static_cast<int>(blockDim.x)) {
+    const int4 span = params.row_spans[pair.q_begin + row];
     const int both_lo = max(span.x, span.z), both_hi = min(span.y, span.w);
     const int visible = overlap(span.x, span.y, kv_begin, kv_end) + overlap(span.z, span.w, kv_begin, kv_end) -
                         overlap(both_lo, both_hi, kv_begin, kv_end);
     any_visible |= visible > 0;
-    all_visible &= visible == columns;
+    all_visible &= visible == pair.columns;
   }
-  const int any_in_block = __syncthreads_or(any_visible);
-  const int all_in_block = __syncthreads_and(all_visible);
-  if (threadIdx.x == 0) {
-    params.pair_states[pair] = !any_in_block ? kEmpty : (all_in_block ? kFull : kPartial);
-  }
+  write_pair_state(params, any_visible, all_visible);
 }
 
 //! Writes one partial list and one full list of `length` entries: the ascending positions whose

@@ -155,9 +155,14 @@ Autotuner& device_autotuner(int device) {
 }
 
 //! Median of 5 timed launches after one warm-up (module load, tensor-map encoding), CUDA events on
-//! `stream`. Candidates are timed on the call's own inputs, writing its own outputs.
-double time_launches_ms(cudaStream_t stream, const std::function<void()>& launch) {
-  launch();
+//! `stream`; +inf for a candidate the launcher has no configuration for (the autotuner skips it).
+//! Candidates are timed on the call's own inputs, writing its own outputs.
+double time_candidate_ms(cudaStream_t stream, const std::function<void()>& launch) {
+  try {
+    launch();
+  } catch (const kc::UnsupportedConfig&) {
+    return std::numeric_limits<double>::infinity();
+  }
   cudaEvent_t start = nullptr, stop = nullptr;
   HARNESS_CUDA_CHECK(cudaEventCreate(&start));
   HARNESS_CUDA_CHECK(cudaEventCreate(&stop));
@@ -270,13 +275,9 @@ class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> 
       const TimingFunction time = [&](const std::string& name) {
         kc::FwdKernel kernel;
         kc::parse_fwd_kernel(name, &kernel);
-        try {
-          at::Tensor scratch;
-          const kc::FwdParams params = params_for(kernel, scratch);
-          return time_launches_ms(stream, [&] { kc::run_attention_fwd(params, stream); });
-        } catch (const kc::UnsupportedConfig&) {
-          return std::numeric_limits<double>::infinity();
-        }
+        at::Tensor scratch;
+        const kc::FwdParams params = params_for(kernel, scratch);  // shapes were checked above: no UnsupportedConfig here
+        return time_candidate_ms(stream, [&] { kc::run_attention_fwd(params, stream); });
       };
       const KernelPick pick = pick_kernel(state->requested_fwd, "HARNESS_CUDA_FWD_KERNEL", names,
                                           kc::fwd_kernel_name(kc::default_fwd_kernel(state->shape)),
@@ -335,11 +336,7 @@ class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> 
       const TimingFunction time = [&](const std::string& name) {
         kc::BwdParams trial = params;
         kc::parse_bwd_kernel(name, &trial.kernel);
-        try {
-          return time_launches_ms(stream, [&] { kc::run_attention_bwd(trial, stream); });
-        } catch (const kc::UnsupportedConfig&) {
-          return std::numeric_limits<double>::infinity();
-        }
+        return time_candidate_ms(stream, [&] { kc::run_attention_bwd(trial, stream); });
       };
       pick = pick_kernel(state->requested_bwd, "HARNESS_CUDA_BWD_KERNEL", names, kc::bwd_kernel_name(kc::kDefaultBwdKernel),
                          tuning_key("attention_bwd", *state), time, q.device().index());
