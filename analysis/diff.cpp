@@ -8,8 +8,8 @@
 
 #include <fmt/format.h>
 
-#include "harness/common.h"
-#include "harness/printer.h"
+#include "core/errors.h"
+#include "core/printer.h"
 
 namespace harness::analysis {
 namespace {

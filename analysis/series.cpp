@@ -96,17 +96,6 @@ std::string unit_from_name(const std::string& metric) {
   return "";
 }
 
-std::string point_label(const nlohmann::json& point) {
-  if (!point.is_object()) return point.dump();
-  std::string label;
-  for (const auto& [key, value] : point.items()) {
-    const std::string name = key.rfind("dims.", 0) == 0 ? key.substr(5) : key;
-    if (!label.empty()) label += ", ";
-    label += name + "=" + (value.is_string() ? value.get<std::string>() : value.dump());
-  }
-  return label;
-}
-
 std::vector<std::string> variant_order(const db::RunDetail& detail) {
   std::vector<std::string> order;
   auto add = [&](const std::string& variant) {

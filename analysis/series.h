@@ -11,6 +11,7 @@
 
 #include "analysis/stats.h"
 #include "db/store.h"
+#include "experiments/sweep.h"
 
 namespace harness::analysis {
 
@@ -47,9 +48,9 @@ Worse worse_direction(const std::string& metric, const std::string& unit);
 //! Unit of a metric known only by name (evidence values carry no unit): "bytes", "ms" or "".
 std::string unit_from_name(const std::string& metric);
 
-//! "anchors=256, layers=5" for {"dims.anchors": 256, "dims.layers": 5}; "" for {}. A leading
-//! "dims." is dropped; other paths are kept whole.
-std::string point_label(const nlohmann::json& point);
+//! "anchors=256, layers=5" for {"dims.anchors": 256, "dims.layers": 5}; "" for {}: the spec's
+//! point label (experiments/sweep.h) with commas, as tables and figure legends print it.
+inline std::string point_label(const nlohmann::json& point) { return spec::point_label(point, ", "); }
 
 //! The rank of a metric in result tables: fwd/bwd peaks and times, match, errors, then the rest.
 int metric_rank(const std::string& metric);

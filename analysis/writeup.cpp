@@ -16,8 +16,9 @@
 #include "analysis/series.h"
 #include "analysis/stats.h"
 #include "analysis/svg_plot.h"
-#include "harness/common.h"
-#include "harness/printer.h"
+#include "core/errors.h"
+#include "core/files.h"
+#include "core/printer.h"
 
 namespace harness::analysis {
 namespace {

@@ -6,12 +6,12 @@
 #include <cstdio>
 #include <map>
 #include <numeric>
-#include <regex>
 #include <set>
 #include <stdexcept>
 #include <thread>
 
-#include "kernels/cuda/attention_config.h"
+#include "core/byte_size.h"
+#include "kernels/cuda/tiling.h"
 #include "kernels/mask_desc.h"
 
 namespace harness::memory_model {
@@ -27,15 +27,6 @@ constexpr int64_t kCudaSmallBuffer = 2 * kMiB;     // a small-pool segment
 constexpr int64_t kCudaMinLargeAlloc = 10 * kMiB;  // large requests below this share a 20 MiB segment
 constexpr int64_t kCudaLargeBuffer = 20 * kMiB;
 constexpr int64_t kCudaRoundLarge = 2 * kMiB;      // larger requests get their own, rounded up to 2 MiB
-
-// Scratch of the CUDA fused kernels (kernels/cuda/attention_launch.cu): a schedule of WorkItems
-// (attention_params.h: two int32) and, in the backward, per-row float2 statistics and a
-// QueryMaskRow per query (mask_device.cuh asserts 32 B), each part aligned to 256 B.
-constexpr int64_t kWorkItemBytes = 8;
-constexpr int64_t kRowStatBytes = 8;
-constexpr int64_t kQueryMaskRowBytes = 32;
-constexpr int64_t kScratchAlign = 256;
-constexpr int64_t kQueryPad = 128;  // padded_q_len(): query rows padded to 128
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -57,17 +48,6 @@ std::string join_shape(const std::vector<int64_t>& shape, const char* separator)
   return text;
 }
 
-//! "16.00 GiB", "1.25 MiB", "2.00 KiB", "17 B": two decimals, as PyTorch's OOM messages print sizes.
-std::string size_text(int64_t bytes) {
-  static const std::pair<double, const char*> units[] = {{1024.0 * kMiB, "GiB"}, {kMiB, "MiB"}, {1024.0, "KiB"}};
-  char text[48];
-  for (const auto& [unit, name] : units) {
-    if (static_cast<double>(bytes) < unit) continue;
-    std::snprintf(text, sizeof text, "%.2f %s", static_cast<double>(bytes) / unit, name);
-    return text;
-  }
-  return std::to_string(bytes) + " B";
-}
 
 // ---- The trace: tensor kinds, and the allocations and frees of a step in program order --------
 
@@ -160,44 +140,22 @@ Dims dims_of(const spec::Spec& spec) {
           spec.dtype, element_bytes(spec.dtype), spec.layers};
 }
 
-//! Tiling of one CUDA kernel: query rows per tile (several heads of a GQA group) and keys.
-struct CudaTile {
-  int64_t block_m, block_n, heads_packed;
-};
-
-// kernels/cuda/attention_launch.cu packed_tile(): as many heads of a group as divide it (a power of
-// two), down to 16 query positions per head.
-CudaTile packed_tile(const Dims& d, int64_t rows, int64_t block_n) {
-  const int64_t lowest_bit = d.group & -d.group;
-  const int64_t heads_packed = std::min(lowest_bit, rows / 16);
-  return {rows / heads_packed, block_n, heads_packed};
-}
-CudaTile cuda_fwd_tile(const Dims& d) {
-  const kernels::cuda::FwdKernelTiling tiling = kernels::cuda::fwd_kernel_tiling(d.cuda_fwd);
-  return packed_tile(d, tiling.rows, tiling.block_n);
-}
-CudaTile cuda_dq_tile(const Dims& d) {
-  using Cfg = kernels::cuda::BwdDqConfig<128>;
-  return packed_tile(d, Cfg::kBlockM, Cfg::kBlockN);
-}
-CudaTile cuda_dkdv_tile(const Dims& d) {
-  using Cfg = kernels::cuda::BwdDkdvConfig<128>;
-  return packed_tile(d, Cfg::kBlockM, Cfg::kBlockN);
-}
+// The CUDA kernels' tiles and scratch come from kernels/cuda/tiling.h, the table the launcher
+// sizes them with; the BlockMask of a tiling has ceil(q_len / block_m) q blocks and
+// ceil(kv_len / block_n) kv blocks.
+namespace tiling = kernels::cuda::tiling;
+using CudaTile = tiling::Tile;
+CudaTile cuda_fwd_tile(const Dims& d) { return tiling::fwd_tile(d.heads, d.kv_heads, d.cuda_fwd); }
+CudaTile cuda_dq_tile(const Dims& d) { return tiling::bwd_dq_tile(d.heads, d.kv_heads); }
+CudaTile cuda_dkdv_tile(const Dims& d) { return tiling::bwd_dkdv_tile(d.heads, d.kv_heads); }
 
 int64_t cuda_fwd_scratch(const Dims& d) {
-  const CudaTile tile = cuda_fwd_tile(d);
-  const int64_t ctas = ceil_div(d.q_len, tile.block_m) * (d.heads / tile.heads_packed) * d.batch;
-  return round_up(ctas * kWorkItemBytes, kScratchAlign);
+  return tiling::fwd_scratch_bytes(d.batch, d.heads, d.kv_heads, ceil_div(d.q_len, cuda_fwd_tile(d).block_m), d.cuda_fwd);
 }
 int64_t cuda_bwd_scratch(const Dims& d) {
-  const CudaTile dq = cuda_dq_tile(d), dkdv = cuda_dkdv_tile(d);
-  const int64_t q_pad = round_up(d.q_len, kQueryPad);
-  const int64_t dq_ctas = ceil_div(d.q_len, dq.block_m) * (d.heads / dq.heads_packed) * d.batch;
-  const int64_t dkdv_ctas = ceil_div(d.kv_len, dkdv.block_n) * d.kv_heads * d.batch;
-  return round_up(d.batch * d.heads * q_pad * kRowStatBytes, kScratchAlign) +
-         round_up(q_pad * kQueryMaskRowBytes, kScratchAlign) +
-         round_up((dq_ctas + dkdv_ctas) * kWorkItemBytes, kScratchAlign);
+  return tiling::bwd_scratch(d.batch, d.heads, d.kv_heads, d.q_len, ceil_div(d.q_len, cuda_dq_tile(d).block_m),
+                             ceil_div(d.kv_len, cuda_dkdv_tile(d).block_n))
+      .bytes;
 }
 
 //! The eight int32 tensors of a BlockMask (kernels/block_mask.h): counts per q block and per kv
@@ -981,63 +939,6 @@ std::optional<OomPrediction> predict_oom(const spec::Spec& spec, const std::stri
   return std::nullopt;
 }
 
-// ---- OOM messages --------------------------------------------------------------------------------
-
-namespace {
-
-std::optional<int64_t> quantity(const std::string& number, const std::string& unit) {
-  double value = 0.0;
-  try {
-    value = std::stod(number);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  static const std::map<std::string, double> scale{
-      {"", 1.0},          {"b", 1.0},       {"byte", 1.0},    {"bytes", 1.0},   {"kib", 1024.0},
-      {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}, {"kb", 1e3}, {"mb", 1e6},
-      {"gb", 1e9},        {"tb", 1e12}};
-  std::string lower;
-  for (char c : unit) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const auto found = scale.find(lower);
-  if (found == scale.end() || !std::isfinite(value) || value < 0) return std::nullopt;
-  return static_cast<int64_t>(std::llround(value * found->second));
-}
-
-constexpr const char* kUnit = R"((TiB|GiB|MiB|KiB|TB|GB|MB|KB|bytes|byte|B)?)";
-
-std::optional<int64_t> search_quantity(const std::string& text, const std::string& before, const std::string& after) {
-  const std::regex pattern(before + R"(([0-9]+(?:\.[0-9]+)?)\s*)" + kUnit + after, std::regex::icase);
-  std::smatch match;
-  if (!std::regex_search(text, match, pattern)) return std::nullopt;
-  return quantity(match[1].str(), match[2].str());
-}
-
-}  // namespace
-
-std::optional<OomMessage> parse_oom_message(const std::string& text) {
-  OomMessage message;
-  std::optional<int64_t> requested = search_quantity(text, R"(tried to allocate\s+)", "");
-  if (!requested) requested = search_quantity(text, R"(requested(?:_bytes)?\s*[=:]?\s*)", "");
-  if (!requested) {
-    // A bare size: "15.09 GiB", "17179869184".
-    static const std::regex bare(R"(^\s*([0-9]+(?:\.[0-9]+)?)\s*)" + std::string(kUnit) + R"(\s*$)", std::regex::icase);
-    std::smatch match;
-    if (std::regex_match(text, match, bare)) requested = quantity(match[1].str(), match[2].str());
-  }
-  if (!requested || *requested <= 0) return std::nullopt;
-  message.requested_bytes = *requested;
-  message.in_use_bytes = search_quantity(text, "", R"(\s+(?:memory\s+)?in use)");
-  if (!message.in_use_bytes) message.in_use_bytes = search_quantity(text, "", R"(\s+already allocated)");
-  if (!message.in_use_bytes) message.in_use_bytes = search_quantity(text, R"(with\s+)", R"(\s+in use)");
-  message.capacity_bytes = search_quantity(text, "", R"(\s+allowed)");
-  if (!message.capacity_bytes) message.capacity_bytes = search_quantity(text, R"(total capacity of\s+)", "");
-  if (!message.capacity_bytes) message.capacity_bytes = search_quantity(text, R"(--memory-limit\s+)", "");
-  message.allocated_bytes = search_quantity(text, "", R"(\s+is allocated by PyTorch)");
-  if (text.find("CUDA") != std::string::npos) message.device_kind = "cuda";
-  else if (text.find("CPU") != std::string::npos) message.device_kind = "cpu";
-  return message;
-}
-
 // ---- explain -----------------------------------------------------------------------------------
 
 namespace {
@@ -1050,15 +951,15 @@ struct Candidate {
 
 //! "1·32·8192·16384·4 B = 16.00 GiB"
 std::string numbers_of(const Allocation& a) {
-  return join_shape(a.shape, "·") + "·" + std::to_string(element_bytes(a.dtype)) + " B = " + size_text(a.bytes);
+  return join_shape(a.shape, "·") + "·" + std::to_string(element_bytes(a.dtype)) + " B = " + format_bytes_as_pytorch(a.bytes);
 }
 
 std::string describe_occurrence(const OomPrediction& oom, const spec::Spec& spec, int64_t cap) {
-  std::string text = "the replay under the " + size_text(cap) + " cap fails here: " + oom.tensor + " of layer " +
+  std::string text = "the replay under the " + format_bytes_as_pytorch(cap) + " cap fails here: " + oom.tensor + " of layer " +
                      std::to_string(oom.layer) + " (of " + std::to_string(spec.layers) + "), " + oom.phase + ", " +
                      (oom.iteration < spec.warmup ? "warm-up" : "measured") + " step " + std::to_string(oom.iteration) + ", with " +
-                     size_text(oom.allocated_bytes) + " allocated";
-  if (oom.reserved_bytes != oom.allocated_bytes) text += " and " + size_text(oom.reserved_bytes) + " reserved";
+                     format_bytes_as_pytorch(oom.allocated_bytes) + " allocated";
+  if (oom.reserved_bytes != oom.allocated_bytes) text += " and " + format_bytes_as_pytorch(oom.reserved_bytes) + " reserved";
   return text;
 }
 
@@ -1129,7 +1030,7 @@ std::vector<Match> explain(const std::vector<std::pair<nlohmann::json, spec::Spe
     m.phase = g.first.phase;
     m.within_tolerance = within;
     m.explanation = g.first.note + ": " + numbers_of(g.first);
-    if (g.by_segment) m.explanation += " (the allocator asks for " + size_text(cuda_request_bytes(g.first.bytes)) + ")";
+    if (g.by_segment) m.explanation += " (the allocator asks for " + format_bytes_as_pytorch(cuda_request_bytes(g.first.bytes)) + ")";
     if (!g.others.empty()) {
       std::string others;
       for (const std::string& o : g.others) others += (others.empty() ? "" : ", ") + o;

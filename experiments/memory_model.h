@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/oom_message.h"
 #include "experiments/spec.h"
 
 namespace harness::memory_model {
@@ -120,18 +121,9 @@ struct Match {
 std::vector<Match> explain(const std::vector<std::pair<nlohmann::json, spec::Spec>>& point_specs, int64_t bytes,
                            size_t limit = 10);
 
-//! What an out-of-memory message says: the size asked for and, where given, its context.
-struct OomMessage {
-  int64_t requested_bytes = 0;
-  std::optional<int64_t> in_use_bytes;     //!< "this process has N GiB memory in use" / "N GiB already allocated" / "with N bytes in use"
-  std::optional<int64_t> capacity_bytes;   //!< the cap ("N GiB allowed", "--memory-limit N bytes"), else "total capacity of N GiB"
-  std::optional<int64_t> allocated_bytes;  //!< "N GiB is allocated by PyTorch"
-  std::string device_kind;                 //!< "cuda", "cpu", or "" when the message does not say
-};
-//! Parses "Tried to allocate 15.09 GiB" (PyTorch's CUDA message, also MiB/KiB/bytes, and our harness's 'requested N
-//! bytes', or a bare size) into bytes; also the "N GiB in use"/"already allocated" context if present. nullopt
-//! when the text names no size.
-std::optional<OomMessage> parse_oom_message(const std::string& text);
+//! OOM messages are parsed by core/oom_message.h (harness::parse_oom_message).
+using harness::OomMessage;
+using harness::parse_oom_message;
 
 //! How explain() matches.
 struct ExplainOptions {

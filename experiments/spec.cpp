@@ -4,6 +4,7 @@
 // was expected.
 
 #include "experiments/spec.h"
+#include "experiments/verdict.h"
 
 #include "experiments/kinds/python_kind_info.h"
 #include "experiments/kinds/registry.h"

@@ -1,7 +1,7 @@
 #pragma once
 // Experiment specs: parse, apply profile and --set overrides, validate completely (every error
-// at once, each naming the file, the JSON path and what was expected), and evaluate the verdict
-// rule. Torch-free.
+// at once, each naming the file, the JSON path and what was expected). The verdict rule's
+// language lives in experiments/verdict.h. Torch-free.
 
 #include <cstdint>
 #include <map>
@@ -113,58 +113,6 @@ Spec load_spec_text(const std::string& text, const std::string& source, const Lo
 Spec parse_spec(const nlohmann::json& resolved, const std::string& source, bool allow_faults = false);
 //! Whether the spec defines a profile of that name.
 bool has_profile(const nlohmann::json& raw, const std::string& profile);
-
-//! What the verdict rule sees of one variant: the trial status and its summary metrics.
-struct VariantOutcome {
-  std::string status;                  //!< ok, oom, unsupported, error, crashed, timeout
-  std::string error;
-  std::map<std::string, double> values;  //!< metric name -> summary value (median over repeats)
-  std::map<std::string, std::string> words;  //!< word-valued metrics, e.g. growth -> "q_kv"
-};
-
-//! The verdict with the evidence that produced it.
-struct Verdict {
-  std::string verdict;       //!< the rule's result, or INVALID / INCONCLUSIVE
-  nlohmann::json evidence;   //!< clause that fired, the values it read, or why none could be read
-};
-
-//! Evaluates the spec's rule. A clause that reads a variant whose trial is "unsupported" gives
-//! INVALID; one that reads a metric a failed trial did not produce gives INCONCLUSIVE; both
-//! name the variant and the reason in the evidence. Such a read counts only when the clause's
-//! outcome depends on it (false && unknown is false, true || unknown is true).
-Verdict evaluate_verdict(const Spec& spec, const std::map<std::string, VariantOutcome>& outcomes);
-
-//! Parses sizes and durations with units: "5GiB", "512MiB", "3e9", "2.5ms", "1s" (bytes, ms).
-std::optional<double> parse_quantity(const std::string& text);
-//! A size in bytes ("96GiB", "512MiB", "3e9"); nullopt for anything else, durations included.
-std::optional<double> parse_byte_size(const std::string& text);
-
-//! The metrics a verdict condition of an attention_step spec may read ("status" is compared with
-//! a word such as ok).
-const std::vector<std::string>& verdict_metrics();
-
-//! What a verdict condition may read: numeric metrics, and metrics compared with words (status
-//! and, for scaling specs, growth).
-struct ConditionVocabulary {
-  std::vector<std::string> numbers;
-  std::map<std::string, std::vector<std::string>> words;
-};
-//! The vocabulary of attention_step specs without scaling.
-ConditionVocabulary default_vocabulary();
-//! The vocabulary of a kind's verdict metrics plus, with scaling, growth and the fit values.
-ConditionVocabulary vocabulary_for(const std::string& kind, const std::optional<Scaling>& scaling);
-
-//! Problems of one verdict condition: syntax, unknown metrics, unknown variants (checked against
-//! `variants`), units that do not fit the metric, unknown words. Empty when it is fine.
-std::vector<std::string> check_verdict_condition(const std::string& condition,
-                                                 const std::vector<std::string>& variants);
-//! Same with the metrics of `vocabulary`.
-std::vector<std::string> check_verdict_condition(const std::string& condition,
-                                                 const std::vector<std::string>& variants,
-                                                 const ConditionVocabulary& vocabulary);
-//! The (variant, metric) pairs a verdict condition reads, in the order written; the condition must
-//! be free of syntax errors (std::invalid_argument otherwise).
-std::vector<std::pair<std::string, std::string>> verdict_condition_reads(const std::string& condition);
 
 //! Searches experiment directories for "<name>.json" (or accepts a path). nullopt if none.
 std::optional<std::string> find_spec(const std::string& name_or_path,

@@ -45,11 +45,12 @@ Spec spec_at_point(const Spec& spec, const nlohmann::json& point) {
   return at_point;
 }
 
-std::string point_label(const nlohmann::json& point) {
+std::string point_label(const nlohmann::json& point, const std::string& separator) {
+  if (!point.is_object()) return point.dump();
   std::string label;
   for (const auto& [path, value] : point.items()) {
     const auto dot = path.rfind('.');
-    label += (label.empty() ? "" : " ") + (dot == std::string::npos ? path : path.substr(dot + 1)) + "=" +
+    label += (label.empty() ? "" : separator) + (dot == std::string::npos ? path : path.substr(dot + 1)) + "=" +
              (value.is_string() ? value.get<std::string>() : value.dump());
   }
   return label;

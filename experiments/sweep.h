@@ -21,8 +21,9 @@ std::vector<nlohmann::json> sweep_points(const Spec& spec);
 //! validated again (points are validated when the spec is loaded, so this does not fail for
 //! points of sweep_points()).
 Spec spec_at_point(const Spec& spec, const nlohmann::json& point);
-//! "anchors=128 layers=5" (last path component = value); "" for the empty point.
-std::string point_label(const nlohmann::json& point);
+//! "anchors=128 layers=5" (last path component = value, joined by `separator`); "" for the empty
+//! point; a point that is not an object is printed as JSON.
+std::string point_label(const nlohmann::json& point, const std::string& separator = " ");
 //! Sets `path` ("dims.anchors") in a JSON object, creating objects on the way.
 void set_path(nlohmann::json& document, const std::string& path, const nlohmann::json& value);
 

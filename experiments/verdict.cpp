@@ -14,8 +14,9 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "core/byte_size.h"
 #include "experiments/kinds/registry.h"
-#include "experiments/spec.h"
+#include "experiments/verdict.h"
 
 namespace harness::spec {
 namespace {
@@ -29,17 +30,8 @@ struct Unit {
   Dimension dimension;
 };
 
-constexpr std::array<Unit, 15> kUnits = {{
-    {"B", 1.0, Dimension::bytes},
-    {"KiB", 1024.0, Dimension::bytes},
-    {"MiB", 1024.0 * 1024.0, Dimension::bytes},
-    {"GiB", 1024.0 * 1024.0 * 1024.0, Dimension::bytes},
-    {"TiB", 1024.0 * 1024.0 * 1024.0 * 1024.0, Dimension::bytes},
-    {"KB", 1e3, Dimension::bytes},
-    {"kB", 1e3, Dimension::bytes},
-    {"MB", 1e6, Dimension::bytes},
-    {"GB", 1e9, Dimension::bytes},
-    {"TB", 1e12, Dimension::bytes},
+// Byte units come from core/byte_size.h (exact case here); durations are the rule's own.
+constexpr std::array<Unit, 5> kTimeUnits = {{
     {"ns", 1e-6, Dimension::time},
     {"us", 1e-3, Dimension::time},
     {"ms", 1.0, Dimension::time},
@@ -69,7 +61,8 @@ std::optional<Quantity> parse_quantity_with_dimension(std::string_view text) {
   if (error != std::errc() || !std::isfinite(number)) return std::nullopt;
   const std::string_view suffix = trim(text.substr(static_cast<size_t>(end - text.data())));
   if (suffix.empty()) return Quantity{number, Dimension::none};
-  for (const Unit& unit : kUnits) {
+  if (const auto scale = byte_unit_scale(suffix, UnitCase::kExact)) return Quantity{number * *scale, Dimension::bytes};
+  for (const Unit& unit : kTimeUnits) {
     if (unit.suffix == suffix) return Quantity{number * unit.scale, unit.dimension};
   }
   return std::nullopt;
@@ -350,12 +343,6 @@ Reading read(const Comparison& comparison, const std::map<std::string, VariantOu
 std::optional<double> parse_quantity(const std::string& text) {
   const auto quantity = parse_quantity_with_dimension(text);
   if (!quantity) return std::nullopt;
-  return quantity->value;
-}
-
-std::optional<double> parse_byte_size(const std::string& text) {
-  const auto quantity = parse_quantity_with_dimension(text);
-  if (!quantity || quantity->dimension == Dimension::time) return std::nullopt;
   return quantity->value;
 }
 

@@ -14,7 +14,7 @@
 #include "analysis/diff.h"
 #include "db/store.h"
 #include "harness/cli.h"
-#include "harness/printer.h"
+#include "core/printer.h"
 
 namespace harness {
 namespace {

@@ -7,7 +7,7 @@
 #include "db/store.h"
 #include "harness/cli.h"
 #include "harness/env.h"
-#include "harness/printer.h"
+#include "core/printer.h"
 
 namespace harness {
 

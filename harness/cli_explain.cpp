@@ -11,8 +11,9 @@
 #include "experiments/memory_model.h"
 #include "experiments/spec.h"
 #include "experiments/sweep.h"
+#include "core/files.h"
 #include "harness/cli.h"
-#include "harness/printer.h"
+#include "core/printer.h"
 
 namespace harness {
 namespace {
@@ -33,7 +34,7 @@ struct ExplainArgs {
 mm::OomMessage read_message(const ExplainArgs& args) {
   if (!args.bytes.empty() && !args.message.empty()) throw UsageError("explain-oom: give an OOM message or --bytes, not both");
   if (!args.bytes.empty()) {
-    const auto bytes = spec::parse_byte_size(args.bytes);
+    const auto bytes = parse_byte_size(args.bytes);
     if (!bytes || *bytes < 1)
       throw UsageError(fmt::format("--bytes '{}': expected a positive size such as 17179869184 or 16GiB", args.bytes));
     mm::OomMessage message;
@@ -41,7 +42,7 @@ mm::OomMessage read_message(const ExplainArgs& args) {
     return message;
   }
   if (args.message.empty()) throw UsageError("explain-oom: give the OOM message (\"Tried to allocate 15.09 GiB ...\") or --bytes N");
-  const auto message = mm::parse_oom_message(args.message);
+  const auto message = parse_oom_message(args.message);
   if (!message)
     throw UsageError(fmt::format("explain-oom: no allocation size in '{}' (expected e.g. \"Tried to allocate 15.09 GiB\", "
                                  "\"requested 17179869184 bytes\" or a size such as \"16 GiB\")",

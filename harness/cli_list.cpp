@@ -8,7 +8,7 @@
 #include "db/store.h"
 #include "experiments/spec.h"
 #include "harness/cli.h"
-#include "harness/printer.h"
+#include "core/printer.h"
 
 namespace harness {
 

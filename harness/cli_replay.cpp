@@ -13,7 +13,7 @@
 #include "db/store.h"
 #include "experiments/spec.h"
 #include "harness/cli.h"
-#include "harness/printer.h"
+#include "core/printer.h"
 #include "harness/run_support.h"
 #include "replay/capsule_file.h"
 #include "replay/import.h"
@@ -48,17 +48,6 @@ struct Source {
   std::string label;  // "trial 12 of run 3" or "step.pt"
   int64_t memory_limit_bytes = 0;  // the recorded run's --memory-limit, replayed unless overridden
 };
-
-// --memory-limit: a size, or 0 / none for no cap; empty: nullopt (the recorded run's cap).
-std::optional<int64_t> parse_memory_limit(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  if (text == "0" || text == "none") return 0;
-  const auto bytes = spec::parse_byte_size(text);
-  if (!bytes || *bytes < 1)
-    throw UsageError(
-        fmt::format("--memory-limit '{}': expected a size such as 96GiB, 512MiB or a byte count, or none", text));
-  return static_cast<int64_t>(*bytes);
-}
 
 // A stored artifact path is relative to the db's folder.
 std::string artifact_path(const db::Artifact& artifact, const std::string& db_path) {

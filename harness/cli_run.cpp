@@ -20,10 +20,11 @@
 #include "experiments/memory_model.h"
 #include "experiments/scaling.h"
 #include "experiments/spec.h"
+#include "experiments/verdict.h"
 #include "experiments/sweep.h"
 #include "harness/cli.h"
-#include "harness/printer.h"
-#include "harness/python_env.h"
+#include "core/printer.h"
+#include "core/python_env.h"
 #include "harness/run_report.h"
 #include "harness/run_support.h"
 #include "harness/summary.h"
@@ -279,14 +280,7 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
     check_device_syntax(args.device);
     devices = {args.device};
   }
-  int64_t memory_limit_bytes = 0;
-  if (!args.memory_limit.empty()) {
-    const auto bytes = spec::parse_byte_size(args.memory_limit);
-    if (!bytes || *bytes < 1)
-      throw UsageError(fmt::format("--memory-limit '{}': expected a size such as 96GiB, 512MiB or a byte count",
-                                   args.memory_limit));
-    memory_limit_bytes = static_cast<int64_t>(*bytes);
-  }
+  const int64_t memory_limit_bytes = parse_memory_limit(args.memory_limit).value_or(0);
   check_fail_on(args.fail_on);
   const auto dirs = experiment_search_dirs(options);
   std::vector<std::string> spec_paths;

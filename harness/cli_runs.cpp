@@ -4,7 +4,7 @@
 
 #include "db/store.h"
 #include "harness/cli.h"
-#include "harness/printer.h"
+#include "core/printer.h"
 
 namespace harness {
 namespace {

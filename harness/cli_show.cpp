@@ -6,7 +6,7 @@
 
 #include "db/store.h"
 #include "harness/cli.h"
-#include "harness/printer.h"
+#include "core/printer.h"
 #include "harness/run_report.h"
 
 namespace harness {

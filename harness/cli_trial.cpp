@@ -6,8 +6,9 @@
 
 #include <iostream>
 
-#include "experiments/kinds/run_trial.h"
+#include "trials/run_trial.h"
 #include "experiments/spec.h"
+#include "core/files.h"
 #include "harness/cli.h"
 #include "harness/env.h"
 

@@ -10,7 +10,7 @@
 #include "analysis/writeup.h"
 #include "db/store.h"
 #include "harness/cli.h"
-#include "harness/printer.h"
+#include "core/printer.h"
 
 namespace harness {
 namespace {

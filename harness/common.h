@@ -1,27 +1,13 @@
 #pragma once
-// What every subcommand shares: global options, exit codes, the errors that map to them.
+// What every subcommand shares: the global options and where specs are found. Exit codes and the
+// errors that map to them are core/errors.h's.
 
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "core/errors.h"
+
 namespace harness {
-
-//! Documented exit codes (README): 0 ok, 1 a --fail-on condition held, 2 usage or spec error,
-//! 3 infrastructure error (db, process spawning, device unreachable).
-enum ExitCode : int { kExitOk = 0, kExitFailOn = 1, kExitUsage = 2, kExitInfra = 3 };
-
-//! Bad input from the user (arguments, unknown names): exit code 2.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-//! The machinery failed (not the experiment): exit code 3.
-class InfraError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 //! Options every command takes.
 struct GlobalOptions {
@@ -37,15 +23,5 @@ std::vector<std::string> experiment_search_dirs(const GlobalOptions& options);
 
 //! Path of the running executable (to start trial children).
 std::string self_executable();
-
-}  // namespace harness
-
-namespace harness {
-
-//! Writes `content` to `path` through a temporary file and rename(), so readers never see a
-//! half-written file. Throws InfraError on failure.
-void write_file_atomic(const std::string& path, const std::string& content);
-//! Whole file as a string; throws InfraError naming the path when it cannot be read.
-std::string read_file(const std::string& path);
 
 }  // namespace harness

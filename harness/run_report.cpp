@@ -6,7 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "harness/printer.h"
+#include "core/printer.h"
+#include "experiments/sweep.h"
 #include "harness/summary.h"
 
 namespace harness {
@@ -85,16 +86,6 @@ std::vector<nlohmann::json> trial_points(const db::RunDetail& detail) {
   return points;
 }
 
-std::string point_text(const nlohmann::json& point) {
-  std::string label;
-  for (const auto& [path, value] : point.items()) {
-    const auto dot = path.rfind('.');
-    label += (label.empty() ? "" : " ") + (dot == std::string::npos ? path : path.substr(dot + 1)) + "=" +
-             (value.is_string() ? value.get<std::string>() : value.dump());
-  }
-  return label;
-}
-
 void print_metrics(std::ostream& out, const db::RunDetail& detail, bool all) {
   const auto points = trial_points(detail);
   if (points.size() <= 1) {
@@ -129,7 +120,7 @@ void print_metrics(std::ostream& out, const db::RunDetail& detail, bool all) {
   }
   for (const auto& trial : detail.trials) {
     const auto summaries = summarize(metrics_at(detail.metrics, trial.point));
-    std::vector<std::string> row = {point_text(trial.point), trial.variant, trial.status};
+    std::vector<std::string> row = {spec::point_label(trial.point), trial.variant, trial.status};
     for (const auto& name : names) row.push_back(metric_cell(summaries, trial.variant, name));
     table.rows.push_back(std::move(row));
   }
@@ -151,7 +142,7 @@ void print_trials(std::ostream& out, const db::RunDetail& detail) {
     std::string error = first_line(trial.error);
     if (trial.requested_bytes) error += fmt::format(" (requested {})", format_bytes(static_cast<double>(*trial.requested_bytes)));
     table.rows.push_back({trial.variant, trial.status, fmt::format("{:.1f} s", trial.duration_s), exit, error});
-    if (sweep) table.rows.back().insert(table.rows.back().begin(), point_text(trial.point));
+    if (sweep) table.rows.back().insert(table.rows.back().begin(), spec::point_label(trial.point));
   }
   print_table(out, table);
 }
@@ -175,7 +166,7 @@ void print_verdict(std::ostream& out, const db::RunDetail& detail) {
   }
   if (!evidence.contains("fits") && evidence.contains("points") && evidence["points"].is_array()) {
     for (const auto& point : evidence["points"])
-      if (point.contains("verdict")) out << "  " << point_text(point.value("point", nlohmann::json::object())) << ": " << point.value("verdict", "") << '\n';
+      if (point.contains("verdict")) out << "  " << spec::point_label(point.value("point", nlohmann::json::object())) << ": " << point.value("verdict", "") << '\n';
   }
   // The values the deciding clause read, in the units of their metrics.
   if (!evidence.contains("values") || !evidence["values"].is_array()) return;
@@ -284,7 +275,7 @@ void print_run_detail(std::ostream& out, const db::RunDetail& detail) {
   for (const auto& trial : detail.trials) {
     if (trial.status == "ok" || trial.stderr_tail.empty()) continue;
     out << fmt::format("\nstderr of {}{} ({}), last lines:\n", trial.variant,
-                       trial.point.empty() ? "" : " at " + point_text(trial.point), trial.status);
+                       trial.point.empty() ? "" : " at " + spec::point_label(trial.point), trial.status);
     out << trial.stderr_tail;
     if (trial.stderr_tail.back() != '\n') out << '\n';
   }

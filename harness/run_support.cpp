@@ -9,15 +9,11 @@
 
 #include <fmt/format.h>
 
+#include "core/byte_size.h"
+
 namespace harness {
 
 namespace fs = std::filesystem;
-
-void remove_tree(const std::string& path) {
-  nftw(
-      path.c_str(), [](const char* item, const struct stat*, int, struct FTW*) { return ::remove(item); }, 16,
-      FTW_DEPTH | FTW_PHYS);
-}
 
 ScratchDir::ScratchDir() {
   std::string pattern = (fs::temp_directory_path() / "harness-run-XXXXXX").string();
@@ -33,6 +29,16 @@ void check_device_syntax(const std::string& device, const std::string& option) {
   static const std::regex valid(R"(auto|cpu|cuda(:\d+)?)");
   if (!std::regex_match(device, valid))
     throw UsageError(fmt::format("{} '{}': expected cpu, cuda, cuda:N or auto", option, device));
+}
+
+std::optional<int64_t> parse_memory_limit(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  if (text == "0" || text == "none") return 0;
+  const auto bytes = parse_byte_size(text);
+  if (!bytes || *bytes < 1)
+    throw UsageError(
+        fmt::format("--memory-limit '{}': expected a size such as 96GiB, 512MiB or a byte count, or none", text));
+  return *bytes;
 }
 
 std::vector<std::string> parse_device_list(const std::string& list) {

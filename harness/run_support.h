@@ -2,6 +2,8 @@
 // What `run` and `replay` share: a scratch folder, the device probe, the `__trial` command line,
 // and turning how a trial child ended into db rows. Torch-free: the parent never touches CUDA.
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,8 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "db/store.h"
+#include "core/files.h"
+#include "core/trial_runner.h"
 #include "harness/common.h"
-#include "harness/trial_runner.h"
 
 namespace harness {
 
@@ -28,11 +31,11 @@ class ScratchDir {
   std::string path_;
 };
 
-//! Removes a file tree with nftw (std::filesystem::remove_all is interposed by libtorch.so).
-void remove_tree(const std::string& path);
-
 //! Checks "cpu", "cuda", "cuda:N" or "auto"; UsageError naming `option` otherwise.
 void check_device_syntax(const std::string& device, const std::string& option = "--device");
+//! --memory-limit: a size (core/byte_size.h), or 0 / none for no cap; empty: nullopt (unset).
+//! UsageError naming the option otherwise.
+std::optional<int64_t> parse_memory_limit(const std::string& text);
 //! Parses "cuda:0,cuda:1" into devices (no duplicates, no "auto"); UsageError naming the bad entry.
 std::vector<std::string> parse_device_list(const std::string& list);
 

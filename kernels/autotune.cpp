@@ -27,6 +27,9 @@
 #include <stdexcept>
 #include <utility>
 
+#include "core/errors.h"
+#include "core/files.h"
+
 namespace harness::kernels {
 
 namespace {
@@ -92,51 +95,13 @@ std::vector<json> read_cache_entries(const std::string& path, std::vector<std::s
   return valid;
 }
 
-//! Writes `text` to `path` atomically: a temp file in the same directory, fsync, rename, fsync of
-//! the directory. Returns an error message, empty on success.
-std::string write_atomically(const std::string& path, const std::string& text) {
-  std::string temp = path + ".tmp.XXXXXX";
-  const int fd = ::mkstemp(temp.data());
-  if (fd < 0) return "cannot create a temp file next to " + path + ": " + errno_text();
-  std::size_t written = 0;
-  while (written < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string error = "cannot write " + temp + ": " + errno_text();
-      ::close(fd);
-      ::unlink(temp.c_str());
-      return error;
-    }
-    written += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const std::string error = "cannot flush " + temp + ": " + errno_text();
-    ::unlink(temp.c_str());
-    return error;
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const std::string error = "cannot rename " + temp + " to " + path + ": " + errno_text();
-    ::unlink(temp.c_str());
-    return error;
-  }
-  // The rename is durable only once the directory entry is on disk.
-  const std::string directory = std::filesystem::path(path).parent_path().string();
-  const int dir_fd = ::open(directory.empty() ? "." : directory.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
-  }
-  return {};
-}
-
 //! Removes the temp files of writers that died between creating and renaming theirs (SIGKILL, the
 //! OOM killer): without this each such death leaves a cache-sized file behind for good. Call it
 //! only under the writers' lock: every writer holds the lock from creating its temp file to
 //! renaming it, so a temp file seen under the lock belongs to nobody alive.
 void remove_dead_temp_files(const std::string& path) {
   const std::filesystem::path cache(path);
-  const std::string prefix = cache.filename().string() + ".tmp.";
+  const std::string prefix = atomic_temp_prefix(path);
   constexpr std::size_t kSuffixLength = 6;  // mkstemp's XXXXXX
   std::error_code error;
   std::filesystem::directory_iterator listing(cache.parent_path().empty() ? "." : cache.parent_path(), error);
@@ -361,8 +326,10 @@ void Autotuner::store_disk(const std::string& key, const Resolved& resolved) {
                      {"config", resolved.config},
                      {"timings_ms", std::move(timings)}});
   const json document = {{"format", kFormatName}, {"version", kAutotuneCacheVersion}, {"entries", std::move(entries)}};
-  if (std::string failure = write_atomically(cache_path_, document.dump(2) + "\n"); !failure.empty()) {
-    add_diagnostic("autotune cache: " + failure + ": result not saved");
+  try {
+    write_file_atomic(cache_path_, document.dump(2) + "\n");
+  } catch (const InfraError& failure) {
+    add_diagnostic(std::string("autotune cache: ") + failure.what() + ": result not saved");
   }
 }
 

@@ -102,9 +102,9 @@ BlockMask BlockMask::to(const at::Device& device) const {
 int64_t BlockMask::partial_pairs() const { return kv_num_blocks.sum().item<int64_t>(); }
 int64_t BlockMask::full_pairs() const { return full_kv_num_blocks.sum().item<int64_t>(); }
 
-BlockMask build_block_mask(const ResolvedMask& mask, int64_t block_m, int64_t block_n) {
+BlockMask block_mask_geometry(const ResolvedMask& mask, int64_t block_m, int64_t block_n, const char* who) {
   if (block_m < 1 || block_n < 1) {
-    throw std::invalid_argument("build_block_mask: block sizes must be >= 1 (got block_m=" + std::to_string(block_m) +
+    throw std::invalid_argument(std::string(who) + ": block sizes must be >= 1 (got block_m=" + std::to_string(block_m) +
                                 " block_n=" + std::to_string(block_n) + ")");
   }
   BlockMask block_mask;
@@ -114,6 +114,11 @@ BlockMask build_block_mask(const ResolvedMask& mask, int64_t block_m, int64_t bl
   block_mask.block_n = block_n;
   block_mask.num_q_blocks = ceil_div(mask.q_len, block_m);
   block_mask.num_kv_blocks = ceil_div(mask.kv_len, block_n);
+  return block_mask;
+}
+
+BlockMask build_block_mask(const ResolvedMask& mask, int64_t block_m, int64_t block_n) {
+  BlockMask block_mask = block_mask_geometry(mask, block_m, block_n, "build_block_mask");
   const int64_t num_q_blocks = block_mask.num_q_blocks;
   const int64_t num_kv_blocks = block_mask.num_kv_blocks;
 

@@ -36,6 +36,10 @@ struct BlockMask {
   int64_t full_pairs() const;
 };
 
+//! A BlockMask with only its geometry set (lengths, block sizes, block counts) and no lists:
+//! what both builders start from. Throws std::invalid_argument naming `who` for a block size < 1.
+BlockMask block_mask_geometry(const ResolvedMask& mask, int64_t block_m, int64_t block_n, const char* who);
+
 //! Builds the BlockMask of `mask` with the given block sizes (each > 0; lengths need not be
 //! multiples). Tensors are created on the CPU; use .to() for a device copy.
 BlockMask build_block_mask(const ResolvedMask& mask, int64_t block_m = 128, int64_t block_n = 128);

@@ -15,6 +15,8 @@
 #include <sstream>
 #include <thread>
 
+#include "core/errors.h"
+#include "core/files.h"
 #include "db/store.h"
 
 namespace harness::replay {
@@ -49,17 +51,6 @@ class File {
       offset += got;
     }
     return true;
-  }
-
-  void write_all(const void* data, size_t bytes) const {
-    const auto* cursor = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t put = ::write(fd_, cursor, bytes);
-      if (put < 0 && errno == EINTR) continue;
-      if (put < 0) throw CapsuleError(path_ + ": write failed (" + std::strerror(errno) + ")");
-      cursor += put;
-      bytes -= static_cast<size_t>(put);
-    }
   }
 
  private:
@@ -237,39 +228,24 @@ WrittenCapsule write_capsule_file(const std::string& dir, nlohmann::json header,
   written.bytes = payload_offset + payload_bytes;
   if (fs::exists(written.path)) return written;  // same name, same content: recorded before
 
-  std::string temporary = (fs::path(dir) / (".capsule-XXXXXX")).string();
-  const int fd = ::mkstemp(temporary.data());
-  if (fd < 0) throw CapsuleError("cannot create a temporary file in " + dir + ": " + std::strerror(errno));
-  ::close(fd);
-  {
-    File out(temporary, O_WRONLY | O_TRUNC);
-    if (!out.ok()) throw CapsuleError("cannot open " + temporary + ": " + std::strerror(errno));
-    try {
-      const std::string zeros(static_cast<size_t>(kCapsuleAlignment), '\0');
-      out.write_all(preamble.data(), preamble.size());
-      out.write_all(header_text.data(), header_text.size());
-      out.write_all(zeros.data(), static_cast<size_t>(payload_offset) - preamble.size() - header_text.size());
-      int64_t position = 0;
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        const int64_t offset = entries[i]["offset"].get<int64_t>();
-        out.write_all(zeros.data(), static_cast<size_t>(offset - position));
-        out.write_all(tensors[i].data, static_cast<size_t>(tensors[i].bytes));
-        position = offset + tensors[i].bytes;
-      }
-    } catch (...) {
-      ::unlink(temporary.c_str());
-      throw;
+  try {
+    AtomicFile out(written.path);
+    const std::string zeros(static_cast<size_t>(kCapsuleAlignment), '\0');
+    out.write(preamble.data(), preamble.size());
+    out.write(header_text.data(), header_text.size());
+    out.write(zeros.data(), static_cast<size_t>(payload_offset) - preamble.size() - header_text.size());
+    int64_t position = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const int64_t offset = entries[i]["offset"].get<int64_t>();
+      out.write(zeros.data(), static_cast<size_t>(offset - position));
+      out.write(tensors[i].data, static_cast<size_t>(tensors[i].bytes));
+      position = offset + tensors[i].bytes;
     }
+    // Content-addressed: when another trial stored the same capsule meanwhile, theirs stays.
+    written.created = out.commit(AtomicFile::Existing::kKeep);
+  } catch (const InfraError& error) {
+    throw CapsuleError(error.what());
   }
-  // link() fails with EEXIST when another trial wrote the same content meanwhile: theirs stays.
-  if (::link(temporary.c_str(), written.path.c_str()) == 0) {
-    written.created = true;
-  } else if (errno != EEXIST) {
-    const std::string reason = std::strerror(errno);
-    ::unlink(temporary.c_str());
-    throw CapsuleError("cannot store " + written.path + ": " + reason);
-  }
-  ::unlink(temporary.c_str());
   return written;
 }
 

@@ -14,8 +14,8 @@ cxx=${CXX:-c++}
 log() { printf '[tsan] %s\n' "$*" >&2; }
 
 sources=(tests/main.cpp tests/test_autotune.cpp tests/test_autotune_race.cpp tests/test_cache_corruption.cpp
-         kernels/autotune.cpp experiments/kinds/autotune_race.cpp experiments/kinds/autotune_race_info.cpp
-         experiments/kinds/cache_corruption.cpp experiments/kinds/cache_corruption_info.cpp)
+         core/files.cpp kernels/autotune.cpp trials/autotune_race.cpp experiments/kinds/autotune_race_info.cpp
+         trials/cache_corruption.cpp experiments/kinds/cache_corruption_info.cpp)
 flags=(-std=c++20 -O1 -g -fsanitize=thread -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter -I"$root")
 launcher=()
 if command -v ccache >/dev/null; then

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "experiments/kinds/memory.h"
+#include "trials/memory.h"
 #include "kernels/attention.h"
 #include "tests/catch.h"
 

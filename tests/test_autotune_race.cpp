@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "experiments/kinds/autotune_race.h"
+#include "trials/autotune_race.h"
 #include "experiments/kinds/registry.h"
 #include "tests/catch.h"
 

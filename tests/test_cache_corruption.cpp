@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "experiments/kinds/cache_corruption.h"
+#include "trials/cache_corruption.h"
 #include "experiments/kinds/registry.h"
 #include "tests/catch.h"
 

@@ -13,50 +13,15 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/catch.h"
+#include "tests/cli_support.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-// A scratch directory per test, holding the db and the captured output.
-struct Sandbox {
-  fs::path dir;
-  Sandbox() {
-    std::string pattern = (fs::temp_directory_path() / "harness-cli-XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    dir = pattern;
-  }
-  ~Sandbox() {
-    std::error_code ignored;
-    fs::remove_all(dir, ignored);
-  }
-  std::string db() const { return (dir / "test.db").string(); }
-
-  // Runs the harness binary with `args` (already shell-quoted where needed).
-  Result harness(const std::string& args, const std::string& env = "") const {
-    const auto out = dir / "stdout", err = dir / "stderr";
-    const std::string command = env + " " + HARNESS_BINARY + " " + args + " >" + out.string() + " 2>" + err.string();
-    const int status = std::system(command.c_str());
-    Result result;
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.out = slurp(out);
-    result.err = slurp(err);
-    return result;
-  }
-};
+using harness::test::Result;
+using harness::test::Sandbox;
+using harness::test::slurp;
 
 const std::string kFaults = std::string(HARNESS_TEST_DATA_DIR) + "/cli/faults.json";
 

@@ -16,25 +16,15 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/catch.h"
+#include "tests/cli_support.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using harness::test::has;
+using harness::test::Result;
+using harness::test::slurp;
 
 // Small enough that a run (env probe and two trials, each its own process) takes seconds on the CPU.
 const std::string kTinyDims =
@@ -59,10 +49,7 @@ class Runs {
   fs::path dir() const { return dir_; }
 
   Result harness(const std::string& args, const std::string& env = "") const {
-    const auto out = dir_ / "stdout", err = dir_ / "stderr";
-    const std::string command = env + " " + HARNESS_BINARY + " " + args + " >" + out.string() + " 2>" + err.string();
-    const int status = std::system(command.c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+    return harness::test::run_harness(args, dir_, env);
   }
 
   int64_t a = 0, b = 0, other = 0;
@@ -70,9 +57,7 @@ class Runs {
 
  private:
   Runs() {
-    std::string pattern = (fs::temp_directory_path() / "harness-cli-analysis-XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    dir_ = pattern;
+    dir_ = harness::test::make_scratch_dir("harness-cli-analysis");
     a = run("bwd_fusion", " --set dims.anchors=8", "OMP_NUM_THREADS=1", env_a);
     b = run("bwd_fusion", " --set dims.anchors=16", "OMP_NUM_THREADS=2", env_b);
     // The same spec under another name: a second experiment.

@@ -14,48 +14,21 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/catch.h"
+#include "tests/cli_support.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using harness::test::Result;
+using harness::test::slurp;
 
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-// A scratch directory per test holding the db, its artifacts and the captured output.
-struct Sandbox {
-  fs::path dir;
-  Sandbox() {
-    std::string pattern = (fs::temp_directory_path() / "harness-cli-replay-XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    dir = pattern;
-  }
-  ~Sandbox() {
-    std::error_code ignored;
-    fs::remove_all(dir, ignored);
-  }
-  std::string db() const { return (dir / "test.db").string(); }
-
+// A scratch directory per test holding the db, its artifacts and the captured output; every
+// command runs on its db with the test-only fault injection allowed.
+struct Sandbox : harness::test::Sandbox {
+  Sandbox() : harness::test::Sandbox("harness-cli-replay") {}
   Result harness(const std::string& args) const {
-    const auto out = dir / "stdout", err = dir / "stderr";
-    const std::string command = std::string("HARNESS_ALLOW_FAULTS=1 ") + HARNESS_BINARY + " " + args + " --db " + db() +
-                                " >" + out.string() + " 2>" + err.string();
-    const int status = std::system(command.c_str());
-    Result result;
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.out = slurp(out);
-    result.err = slurp(err);
-    return result;
+    return harness::test::Sandbox::harness(args + " --db " + db(), "HARNESS_ALLOW_FAULTS=1");
   }
 
   nlohmann::json json(const std::string& args) const {

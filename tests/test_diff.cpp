@@ -11,7 +11,7 @@
 #include "analysis/diff.h"
 #include "analysis/env_diff.h"
 #include "analysis/stats.h"
-#include "harness/common.h"
+#include "core/errors.h"
 #include "tests/analysis_test_db.h"
 #include "tests/catch.h"
 

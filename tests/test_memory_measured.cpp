@@ -17,7 +17,7 @@
 #include <cmath>
 #include <string>
 
-#include "experiments/kinds/attention_step.h"
+#include "trials/attention_step.h"
 #include "experiments/memory_model.h"
 #include "experiments/spec.h"
 #include "tests/catch.h"

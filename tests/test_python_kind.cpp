@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "experiments/kinds/python_kind.h"
+#include "trials/python_kind.h"
 #include "experiments/kinds/python_kind_info.h"
 #include "experiments/kinds/registry.h"
-#include "harness/common.h"
-#include "harness/python_env.h"
+#include "core/errors.h"
+#include "core/python_env.h"
 #include "tests/catch.h"
 
 namespace {

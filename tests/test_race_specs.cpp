@@ -8,9 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "experiments/kinds/autotune_race.h"
-#include "experiments/kinds/cache_corruption.h"
+#include "trials/autotune_race.h"
+#include "trials/cache_corruption.h"
 #include "experiments/spec.h"
+#include "experiments/verdict.h"
 #include "tests/catch.h"
 
 using namespace harness;

@@ -12,7 +12,7 @@
 #include <fstream>
 #include <string>
 
-#include "experiments/kinds/attention_step.h"
+#include "trials/attention_step.h"
 #include "experiments/spec.h"
 #include "replay/capsule.h"
 #include "replay/import.h"

@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "core/byte_size.h"
 #include "experiments/spec.h"
+#include "experiments/verdict.h"
 #include "tests/catch.h"
 
 namespace {
@@ -515,11 +517,11 @@ TEST_CASE("a missing spec file is a SpecError naming it", "[spec]") {
 }
 
 TEST_CASE("parse_byte_size accepts sizes and refuses durations", "[spec]") {
-  REQUIRE(harness::spec::parse_byte_size("96GiB").has_value());
-  CHECK(*harness::spec::parse_byte_size("96GiB") == 96.0 * 1024 * 1024 * 1024);
-  CHECK(*harness::spec::parse_byte_size("512MiB") == 512.0 * 1024 * 1024);
-  CHECK(*harness::spec::parse_byte_size("3e9") == 3e9);
-  CHECK_FALSE(harness::spec::parse_byte_size("5ms").has_value());
-  CHECK_FALSE(harness::spec::parse_byte_size("2s").has_value());
-  CHECK_FALSE(harness::spec::parse_byte_size("lots").has_value());
+  REQUIRE(harness::parse_byte_size("96GiB").has_value());
+  CHECK(*harness::parse_byte_size("96GiB") == 96.0 * 1024 * 1024 * 1024);
+  CHECK(*harness::parse_byte_size("512MiB") == 512.0 * 1024 * 1024);
+  CHECK(*harness::parse_byte_size("3e9") == 3e9);
+  CHECK_FALSE(harness::parse_byte_size("5ms").has_value());
+  CHECK_FALSE(harness::parse_byte_size("2s").has_value());
+  CHECK_FALSE(harness::parse_byte_size("lots").has_value());
 }

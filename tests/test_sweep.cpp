@@ -4,6 +4,7 @@
 
 #include "experiments/scaling.h"
 #include "experiments/spec.h"
+#include "experiments/verdict.h"
 #include "experiments/sweep.h"
 #include "tests/catch.h"
 

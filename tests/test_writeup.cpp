@@ -12,7 +12,8 @@
 #include "analysis/document.h"
 #include "analysis/svg_plot.h"
 #include "analysis/writeup.h"
-#include "harness/common.h"
+#include "core/errors.h"
+#include "core/files.h"
 #include "tests/analysis_test_db.h"
 #include "tests/catch.h"
 

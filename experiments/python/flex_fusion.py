@@ -6,7 +6,7 @@ fused Triton kernels) or `--mode eager` (the uncompiled reference, which materia
 for contrast). Measures the memory the forward and the backward add (peak allocated bytes minus
 those allocated when the phase began) and their times, over `--repeats` steps after `--warmup`.
 
-Kind python (experiments/kinds/python_kind.h): called as `flex_fusion.py --device D ...` and prints
+Kind python (trials/python_kind.h): called as `flex_fusion.py --device D ...` and prints
 one JSON object as its last stdout line; {"skipped": reason} when this PyTorch cannot run the
 probe on this device (in torch 2.11 FlexAttention has no backward on the CPU).
 """

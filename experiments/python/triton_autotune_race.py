@@ -10,7 +10,7 @@ the founding case; `--mode sequential_warmup` is its structural fix (one call tu
 before the threads start). A trial fails when any thread raises or gets a wrong result. Prints the
 failure rate with its 95 % Wilson interval and the messages seen.
 
-Kind python (experiments/kinds/python_kind.h): called as `triton_autotune_race.py --device D ...`,
+Kind python (trials/python_kind.h): called as `triton_autotune_race.py --device D ...`,
 prints one JSON object as its last stdout line; {"skipped": reason} without a GPU or Triton.
 """
 

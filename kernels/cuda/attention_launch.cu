@@ -18,23 +18,16 @@
 #include "kernels/cuda/fwd_kernel.cuh"
 #include "kernels/cuda/fwd_wgmma_kernel.cuh"
 #include "kernels/cuda/schedule_kernel.cuh"
+#include "kernels/cuda/tiling.h"
 
 namespace harness::kernels::cuda {
 
 namespace {
 
-//! Largest power of two dividing n.
-int largest_power_of_two_divisor(int n) { return n & -n; }
-
-//! Packs as many query heads of one GQA group into a tile of `rows` rows as divide the group,
-//! down to 16 positions per head (one MMA row block). The heads of a group read the same K/V,
-//! so packing them keeps the K/V reuse of a `rows`-row tile while each head covers only
-//! rows / heads_packed positions: with the dflash mask that is one or two draft blocks instead
-//! of eight, so far fewer kv blocks are visited for nothing.
-TileShape packed_tile(const AttentionShape& shape, int rows, int block_n) {
-  const int group = shape.heads / shape.kv_heads;
-  const int heads_packed = std::min(largest_power_of_two_divisor(group), rows / 16);
-  return TileShape{rows, heads_packed, rows / heads_packed, block_n};
+//! The launcher's TileShape of a tiling.h tile (one packing rule for launcher and memory model).
+TileShape tile_shape(const tiling::Tile& tile) {
+  return TileShape{static_cast<int32_t>(tile.rows), static_cast<int32_t>(tile.heads_packed),
+                   static_cast<int32_t>(tile.block_m), static_cast<int32_t>(tile.block_n)};
 }
 
 void require_supported(const AttentionShape& shape) {
@@ -71,35 +64,16 @@ void launch_kernel(void (*kernel)(KernelParams...), const char* name, int64_t ct
   check_cuda(cudaGetLastError(), (std::string("launch of ") + name).c_str(), __func__, __FILE__, __LINE__);
 }
 
-// ---- Scratch layout ------------------------------------------------------------------------------
+// ---- Scratch layout (tiling.h) -------------------------------------------------------------------
 
-constexpr size_t kScratchAlign = 256;
-size_t align_up(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
-//! Query rows padded to 128, a multiple of every tiling's block_m, so padded tile rows index
-//! real (sees-nothing) entries of the backward's row buffers.
-int padded_q_len(const AttentionShape& shape) { return (shape.q_len + 127) / 128 * 128; }
+static_assert(sizeof(WorkItem) == tiling::kWorkItemBytes, "tiling.h sizes the schedule in WorkItems");
+static_assert(sizeof(float2) == tiling::kRowStatBytes, "tiling.h sizes the row statistics as float2");
+static_assert(sizeof(device::QueryMaskRow) == tiling::kQueryMaskRowBytes, "tiling.h sizes the mask rows");
 
-int64_t fwd_ctas(const AttentionShape& shape, const BlockListParams& blocks, FwdKernel kernel) {
-  const TileShape tile = fwd_tile_shape(shape, kernel);
-  return static_cast<int64_t>(blocks.num_q_blocks) * (shape.heads / tile.heads_packed) * shape.batch;
-}
-
-struct BwdLayout {
-  size_t row_stats = 0, mask_rows = 0, schedule = 0, bytes = 0;
-  int64_t dkdv_ctas = 0, dq_ctas = 0;
-};
-
-BwdLayout bwd_layout(const AttentionShape& shape, const BlockListParams& dq_blocks, const BlockListParams& dkdv_blocks) {
-  const TileShape dq_tile = bwd_dq_tile_shape(shape);
-  const int64_t q_pad = padded_q_len(shape);
-  BwdLayout layout;
-  layout.dkdv_ctas = static_cast<int64_t>(dkdv_blocks.num_kv_blocks) * shape.kv_heads * shape.batch;
-  layout.dq_ctas = static_cast<int64_t>(dq_blocks.num_q_blocks) * (shape.heads / dq_tile.heads_packed) * shape.batch;
-  layout.row_stats = 0;
-  layout.mask_rows = align_up(static_cast<size_t>(shape.batch) * shape.heads * q_pad * sizeof(float2));
-  layout.schedule = layout.mask_rows + align_up(static_cast<size_t>(q_pad) * sizeof(device::QueryMaskRow));
-  layout.bytes = layout.schedule + align_up(static_cast<size_t>(layout.dkdv_ctas + layout.dq_ctas) * sizeof(WorkItem));
-  return layout;
+tiling::BwdScratch bwd_layout(const AttentionShape& shape, const BlockListParams& dq_blocks,
+                              const BlockListParams& dkdv_blocks) {
+  return tiling::bwd_scratch(shape.batch, shape.heads, shape.kv_heads, shape.q_len, dq_blocks.num_q_blocks,
+                             dkdv_blocks.num_kv_blocks);
 }
 
 void check_scratch(const void* scratch, size_t have, size_t need, const char* what) {
@@ -207,7 +181,8 @@ template <int kHeadDim>
 void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   const TileShape tile = fwd_tile_shape(params.shape, params.kernel);
   check_blocks(params.blocks, tile, "forward");
-  const int64_t ctas = fwd_ctas(params.shape, params.blocks, params.kernel);
+  const int64_t ctas = tiling::fwd_ctas(params.shape.batch, params.shape.heads, params.shape.kv_heads,
+                                        params.blocks.num_q_blocks, params.kernel);
   if (ctas == 0) return;
   check_scratch(params.scratch, params.scratch_bytes, fwd_scratch_bytes(params.shape, params.blocks, params.kernel), "forward");
   auto* schedule = static_cast<WorkItem*>(params.scratch);
@@ -237,14 +212,14 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   check_blocks(params.dq_blocks, dq_tile, "dQ");
   check_blocks(params.dkdv_blocks, dkdv_tile, "dK/dV");
   if (params.shape.batch == 0 || params.shape.q_len == 0) return;
-  const BwdLayout layout = bwd_layout(params.shape, params.dq_blocks, params.dkdv_blocks);
+  const tiling::BwdScratch layout = bwd_layout(params.shape, params.dq_blocks, params.dkdv_blocks);
   check_scratch(params.scratch, params.scratch_bytes, layout.bytes, "backward");
   auto* base = static_cast<unsigned char*>(params.scratch);
   device::BwdScratch scratch;
   scratch.row_stats = reinterpret_cast<float2*>(base + layout.row_stats);
   scratch.mask_rows = reinterpret_cast<device::QueryMaskRow*>(base + layout.mask_rows);
   scratch.schedule = reinterpret_cast<WorkItem*>(base + layout.schedule);
-  scratch.q_pad = padded_q_len(params.shape);
+  scratch.q_pad = static_cast<int>(tiling::padded_q_len(params.shape.q_len));
 
   const int64_t rows = static_cast<int64_t>(params.shape.batch) * params.shape.heads * scratch.q_pad;
   const auto prep_ctas = static_cast<unsigned>((rows + PrepCfg::kRowsPerCta - 1) / PrepCfg::kRowsPerCta);
@@ -297,7 +272,8 @@ std::string describe_tile(const char* name, const TileShape& tile) {
 bool head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
 
 size_t fwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& blocks, FwdKernel kernel) {
-  return align_up(static_cast<size_t>(fwd_ctas(shape, blocks, kernel)) * sizeof(WorkItem));
+  require_supported(shape);
+  return static_cast<size_t>(tiling::fwd_scratch_bytes(shape.batch, shape.heads, shape.kv_heads, blocks.num_q_blocks, kernel));
 }
 
 const std::vector<FwdKernel>& fwd_kernels() {
@@ -317,7 +293,7 @@ FwdKernel default_fwd_kernel(const AttentionShape& shape) {
 }
 
 size_t bwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks, const BlockListParams& dkdv_blocks) {
-  return bwd_layout(shape, dq_blocks, dkdv_blocks).bytes;
+  return static_cast<size_t>(bwd_layout(shape, dq_blocks, dkdv_blocks).bytes);
 }
 
 TileShape fwd_tile_shape(const AttentionShape& shape, FwdKernel kernel) {
@@ -327,23 +303,17 @@ TileShape fwd_tile_shape(const AttentionShape& shape, FwdKernel kernel) {
   static_assert(fwd_kernel_tiling(FwdKernel::mma_m128_n64).rows == FwdConfig<128>::kBlockM &&
                     fwd_kernel_tiling(FwdKernel::mma_m128_n64).block_n == FwdConfig<128>::kBlockN,
                 "the tiling table matches the mma.sync forward's config");
-  const FwdKernelTiling tiling = fwd_kernel_tiling(kernel);
-  return packed_tile(shape, tiling.rows, tiling.block_n);
+  return tile_shape(tiling::fwd_tile(shape.heads, shape.kv_heads, kernel));
 }
 
 TileShape bwd_dq_tile_shape(const AttentionShape& shape) {
   require_supported(shape);
-  static_assert(BwdDqConfig<128>::kBlockM == BwdDqConfig<64>::kBlockM && BwdDqConfig<128>::kBlockN == BwdDqConfig<64>::kBlockN,
-                "one dQ tiling for both head dims");
-  return packed_tile(shape, BwdDqConfig<128>::kBlockM, BwdDqConfig<128>::kBlockN);
+  return tile_shape(tiling::bwd_dq_tile(shape.heads, shape.kv_heads));
 }
 
 TileShape bwd_dkdv_tile_shape(const AttentionShape& shape) {
   require_supported(shape);
-  static_assert(BwdDkdvConfig<128>::kBlockM == BwdDkdvConfig<64>::kBlockM &&
-                    BwdDkdvConfig<128>::kBlockN == BwdDkdvConfig<64>::kBlockN,
-                "one dK/dV tiling for both head dims");
-  return packed_tile(shape, BwdDkdvConfig<128>::kBlockM, BwdDkdvConfig<128>::kBlockN);
+  return tile_shape(tiling::bwd_dkdv_tile(shape.heads, shape.kv_heads));
 }
 
 std::string describe_fwd_config(const AttentionShape& shape, FwdKernel kernel) {

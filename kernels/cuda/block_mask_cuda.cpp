@@ -25,16 +25,14 @@ namespace kc = harness::kernels::cuda;
 
 // Bound to this file's name for error messages; the helpers live in kernels/cuda/boundary.h.
 constexpr const char* kWho = "build_block_mask_cuda";
-using kc::mask_code;
 int32_t to_int32(int64_t value, const char* what) { return kc::to_int32(value, kWho, what); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-const int32_t* int32_data(const at::Tensor& tensor, const at::Device& device, const char* name) {
+void check_int32_on(const at::Tensor& tensor, const at::Device& device, const char* name) {
   TORCH_CHECK(tensor.device() == device && tensor.scalar_type() == at::kInt && tensor.is_contiguous(),
               "build_block_mask_cuda: ", name, " must be a contiguous int32 tensor on ", device, " (got ",
               tensor.scalar_type(), " on ", tensor.device(), ")");
-  return tensor.numel() ? tensor.data_ptr<int32_t>() : nullptr;
 }
 
 }  // namespace
@@ -42,10 +40,7 @@ const int32_t* int32_data(const at::Tensor& tensor, const at::Device& device, co
 BlockMask build_block_mask_cuda(const ResolvedMask& mask, int64_t block_m, int64_t block_n,
                                 const at::Device& requested_device, const at::Tensor& anchors_dev,
                                 const at::Tensor& doc_id_dev) {
-  if (block_m < 1 || block_n < 1) {
-    throw std::invalid_argument("build_block_mask_cuda: block sizes must be >= 1 (got block_m=" +
-                                std::to_string(block_m) + " block_n=" + std::to_string(block_n) + ")");
-  }
+  BlockMask block_mask = block_mask_geometry(mask, block_m, block_n, kWho);
   TORCH_CHECK(requested_device.is_cuda(), "build_block_mask_cuda: device must be CUDA (got ", requested_device, ")");
   // "cuda" without an index means the current device; the mask arrays carry an explicit index.
   const at::Device device = requested_device.has_index()
@@ -54,30 +49,10 @@ BlockMask build_block_mask_cuda(const ResolvedMask& mask, int64_t block_m, int64
   const c10::cuda::CUDAGuard guard(device);
 
   kc::BlockMaskBuildParams params;
-  params.mask.kind = mask_code(mask.kind);
-  params.mask.through_anchor = mask.context_rule == ContextRule::through_anchor;
-  params.mask.in_block_causal = mask.in_block == InBlock::causal;
-  params.mask.q_len = to_int32(mask.q_len, "q_len");
-  params.mask.kv_len = to_int32(mask.kv_len, "kv_len");
-  params.mask.context = to_int32(mask.context, "context");
-  params.mask.block_size = to_int32(mask.block_size, "block_size");
-  params.mask.window = to_int32(mask.window, "window");
-  params.mask.anchors = int32_data(anchors_dev, device, "anchors");
-  params.mask.doc_id = int32_data(doc_id_dev, device, "doc_id");
-  TORCH_CHECK(mask.kind != MaskKind::dflash ||
-                  (anchors_dev.numel() * mask.block_size >= mask.q_len && doc_id_dev.numel() >= mask.context),
-              "build_block_mask_cuda: the dflash mask needs an anchor per draft block and a document id per context "
-              "position");
-  TORCH_CHECK(mask.kind != MaskKind::document_causal || doc_id_dev.numel() >= mask.kv_len,
-              "build_block_mask_cuda: the document_causal mask needs a document id per KV position");
+  check_int32_on(anchors_dev, device, "anchors");
+  check_int32_on(doc_id_dev, device, "doc_id");
+  params.mask = kc::mask_params(mask, anchors_dev, doc_id_dev, "build_block_mask_cuda");
 
-  BlockMask block_mask;
-  block_mask.q_len = mask.q_len;
-  block_mask.kv_len = mask.kv_len;
-  block_mask.block_m = block_m;
-  block_mask.block_n = block_n;
-  block_mask.num_q_blocks = ceil_div(mask.q_len, block_m);
-  block_mask.num_kv_blocks = ceil_div(mask.kv_len, block_n);
   const int64_t num_q_blocks = block_mask.num_q_blocks;
   const int64_t num_kv_blocks = block_mask.num_kv_blocks;
   const int64_t pairs = num_q_blocks * num_kv_blocks;

@@ -1,8 +1,9 @@
 #pragma once
 // Helpers shared by the LibTorch-facing files of kernels/cuda (fused_attention_cuda.cpp,
-// block_mask_cuda.cpp): translating the torch-side mask description and index sizes into the
-// plain types the kernels take.
+// block_mask_cuda.cpp): translating the torch-side mask description (ResolvedMask -> MaskParams,
+// in one place) and index sizes into the plain types the kernels take.
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>
@@ -33,6 +34,31 @@ inline int32_t to_int32(int64_t value, const char* who, const char* what) {
   TORCH_CHECK(value >= 0 && value <= std::numeric_limits<int32_t>::max(), who, ": ", what, " = ", value,
               " does not fit the kernels' 32-bit indices");
   return static_cast<int32_t>(value);
+}
+
+//! The kernels' description of a resolved mask, reading the mask's device arrays `anchors` and
+//! `doc_id` (contiguous int32 on the kernels' device; empty where the kind needs none). Checks that
+//! a dflash mask has an anchor per draft block and a document id per context position, and a
+//! document_causal mask a document id per KV position; `who` names the caller in the error.
+inline MaskParams mask_params(const ResolvedMask& mask, const at::Tensor& anchors, const at::Tensor& doc_id,
+                              const char* who) {
+  TORCH_CHECK(mask.kind != MaskKind::dflash ||
+                  (anchors.numel() * mask.block_size >= mask.q_len && doc_id.numel() >= mask.context),
+              who, ": the dflash mask needs an anchor per draft block and a document id per context position");
+  TORCH_CHECK(mask.kind != MaskKind::document_causal || doc_id.numel() >= mask.kv_len, who,
+              ": the document_causal mask needs a document id per KV position");
+  MaskParams params;
+  params.kind = mask_code(mask.kind);
+  params.through_anchor = mask.context_rule == ContextRule::through_anchor;
+  params.in_block_causal = mask.in_block == InBlock::causal;
+  params.q_len = to_int32(mask.q_len, who, "q_len");
+  params.kv_len = to_int32(mask.kv_len, who, "kv_len");
+  params.context = to_int32(mask.context, who, "context");
+  params.block_size = to_int32(mask.block_size, who, "block_size");
+  params.window = to_int32(mask.window, who, "window");
+  params.anchors = anchors.numel() ? anchors.data_ptr<int32_t>() : nullptr;
+  params.doc_id = doc_id.numel() ? doc_id.data_ptr<int32_t>() : nullptr;
+  return params;
 }
 
 }  // namespace harness::kernels::cuda

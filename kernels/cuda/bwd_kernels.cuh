@@ -261,24 +261,12 @@ __device__ __forceinline__ void bwd_dq_tile(const BwdParams& p, const BwdScratch
   const int num_partial = kv_list.num_partial, num_blocks = kv_list.count;
   auto kv_block_at = [&](int step) { return kv_list.at(step); };
   auto load_kv = [&](int kv_block, int stage) {
-    const int kv0 = kv_block * kBlockN;
     const uint32_t offset = static_cast<uint32_t>(stage * KvTile::kBytes);
-    load_tile_async<kBlockN, kHeadDim, kThreads>(s_k + offset, p.k.data, [&](int row) -> const __nv_bfloat16* {
-      return kv0 + row < kv_len ? row_pointer(p.k, batch, kv_head, kv0 + row) : nullptr;
-    });
-    load_tile_async<kBlockN, kHeadDim, kThreads>(s_v + offset, p.v.data, [&](int row) -> const __nv_bfloat16* {
-      return kv0 + row < kv_len ? row_pointer(p.v, batch, kv_head, kv0 + row) : nullptr;
-    });
+    load_kv_tiles_async<kBlockN, kHeadDim, kThreads>(s_k + offset, s_v + offset, p.k, p.v, batch, kv_head,
+                                                     kv_block * kBlockN, kv_len);
   };
-  // Ring of the next kStages steps' block indices (see the forward).
-  int upcoming[kStages];
-#pragma unroll
-  for (int i = 0; i < kStages; ++i) upcoming[i] = kv_block_at(i);
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < num_blocks) load_kv(upcoming[i], i);
-    cp_async_commit();
-  }
+  int upcoming[kStages];  // ring of the next kStages steps' block indices (start_kv_ring)
+  start_kv_ring(upcoming, num_blocks, kv_block_at, load_kv);
 
   const int first_row = warp * 16;
   const int my_row[2] = {first_row + (lane >> 2), first_row + (lane >> 2) + 8};

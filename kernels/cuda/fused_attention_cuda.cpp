@@ -58,7 +58,6 @@ struct FusedCudaState : torch::CustomClassHolder {
 
 // Bound to this file's name for error messages; the helpers live in kernels/cuda/boundary.h.
 constexpr const char* kWho = "fused_cuda attention";
-using kc::mask_code;
 int32_t to_int32(int64_t value, const char* what) { return kc::to_int32(value, kWho, what); }
 
 //! The kernels read rows with 16-byte loads: last dim contiguous, other strides and the base
@@ -405,19 +404,7 @@ at::Tensor fused_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, 
   state->mask_kind = std::string(mask_kind_name(resolved.kind));
   state->anchors = mask.anchors(q.device());
   state->doc_id = mask.doc_id(q.device());
-  state->mask.kind = mask_code(resolved.kind);
-  state->mask.through_anchor = resolved.context_rule == ContextRule::through_anchor;
-  state->mask.in_block_causal = resolved.in_block == InBlock::causal;
-  state->mask.q_len = to_int32(resolved.q_len, "q_len");
-  state->mask.kv_len = to_int32(resolved.kv_len, "kv_len");
-  state->mask.context = to_int32(resolved.context, "context");
-  state->mask.block_size = to_int32(resolved.block_size, "block_size");
-  state->mask.window = to_int32(resolved.window, "window");
-  state->mask.anchors = state->anchors.numel() ? state->anchors.data_ptr<int32_t>() : nullptr;
-  state->mask.doc_id = state->doc_id.numel() ? state->doc_id.data_ptr<int32_t>() : nullptr;
-  TORCH_CHECK(resolved.kind != MaskKind::dflash ||
-                  (state->anchors.numel() * resolved.block_size >= resolved.q_len && state->doc_id.numel() >= resolved.context),
-              "fused_cuda attention: the dflash mask needs an anchor per draft block and a document id per context position");
+  state->mask = kc::mask_params(resolved, state->anchors, state->doc_id, kWho);
   TORCH_CHECK(resolved.kind != MaskKind::document_causal || state->doc_id.numel() >= resolved.kv_len,
               "fused_cuda attention: the document_causal mask needs a document id per KV position");
 

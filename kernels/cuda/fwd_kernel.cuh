@@ -89,6 +89,38 @@ __device__ __forceinline__ const __nv_bfloat16* row_pointer(const TensorRef& t, 
          static_cast<int64_t>(row) * t.stride_row;
 }
 
+//! cp.async of the K and V tiles of one kv block (kBlockN keys from kv0 of one kv head) into
+//! swizzled shared-memory tiles; keys past kv_len are zero-filled. Shared by the mma.sync forward
+//! and dQ kernels, which run the same K/V ring.
+template <int kBlockN, int kHeadDim, int kThreads>
+__device__ __forceinline__ void load_kv_tiles_async(uint32_t s_k, uint32_t s_v, const TensorRef& k, const TensorRef& v,
+                                                    int batch, int kv_head, int kv0, int kv_len) {
+  load_tile_async<kBlockN, kHeadDim, kThreads>(s_k, k.data, [&](int row) -> const __nv_bfloat16* {
+    return kv0 + row < kv_len ? row_pointer(k, batch, kv_head, kv0 + row) : nullptr;
+  });
+  load_tile_async<kBlockN, kHeadDim, kThreads>(s_v, v.data, [&](int row) -> const __nv_bfloat16* {
+    return kv0 + row < kv_len ? row_pointer(v, batch, kv_head, kv0 + row) : nullptr;
+  });
+}
+
+//! The prologue of the K/V ring: reads the next kStages steps' block indices (`block_at(step)`)
+//! into `upcoming` and issues the loads of the first kStages - 1 tiles (`load_kv(block, stage)`).
+//! Each index is read from global memory kStages steps before its tile is used, so no step waits
+//! on a load for the index it needs (v1 read the index in the step that used it and stalled every
+//! warp for an L2 round trip each step). One commit group per tile, empty or not, keeps the wait
+//! counts uniform.
+template <int kStages, typename BlockAt, typename LoadKv>
+__device__ __forceinline__ void start_kv_ring(int (&upcoming)[kStages], int num_blocks, const BlockAt& block_at,
+                                              const LoadKv& load_kv) {
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) upcoming[i] = block_at(i);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < num_blocks) load_kv(upcoming[i], i);
+    cp_async_commit();
+  }
+}
+
 //! Copies a warp's 16 finished rows (already bf16 in its own rows of a swizzled tile) to global
 //! memory with 16-byte stores; `destination(row)` is nullptr for rows not to store.
 template <int kHeadDim, typename Destination>
@@ -235,26 +267,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const int num_partial = kv_list.num_partial, num_blocks = kv_list.count;
   auto kv_block_at = [&](int step) { return kv_list.at(step); };
   auto load_kv = [&](int kv_block, int stage) {
-    const int kv0 = kv_block * kBlockN;
     const uint32_t offset = static_cast<uint32_t>(stage * KvTile::kBytes);
-    load_tile_async<kBlockN, kHeadDim, kThreads>(s_k + offset, p.k.data, [&](int row) -> const __nv_bfloat16* {
-      return kv0 + row < kv_len ? row_pointer(p.k, batch, kv_head, kv0 + row) : nullptr;
-    });
-    load_tile_async<kBlockN, kHeadDim, kThreads>(s_v + offset, p.v.data, [&](int row) -> const __nv_bfloat16* {
-      return kv0 + row < kv_len ? row_pointer(p.v, batch, kv_head, kv0 + row) : nullptr;
-    });
+    load_kv_tiles_async<kBlockN, kHeadDim, kThreads>(s_k + offset, s_v + offset, p.k, p.v, batch, kv_head,
+                                                     kv_block * kBlockN, kv_len);
   };
-  // Ring of the next kStages steps' block indices: each is read from global memory kStages steps
-  // before its tile is used, so no step waits on a load for the index it needs (v1 read the index
-  // in the step that used it and stalled every warp for an L2 round trip each step).
-  int upcoming[kStages];
-#pragma unroll
-  for (int i = 0; i < kStages; ++i) upcoming[i] = kv_block_at(i);
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < num_blocks) load_kv(upcoming[i], i);
-    cp_async_commit();  // one group per tile, empty or not, keeps the wait counts uniform
-  }
+  int upcoming[kStages];  // ring of the next kStages steps' block indices (start_kv_ring)
+  start_kv_ring(upcoming, num_blocks, kv_block_at, load_kv);
 
   // This thread's two rows of the C layout: warp rows g and g + 8.
   const int first_row = warp * 16;

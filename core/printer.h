@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/byte_size.h"
+
 namespace harness {
 
 //! A text table: headers and rows of cells, printed with aligned columns.
@@ -22,8 +24,6 @@ void print_table(std::ostream& out, const Table& table);
 //! Writes the JSON document, indented, followed by a newline.
 void print_json(std::ostream& out, const nlohmann::json& value);
 
-//! "1.50 GiB", "812 KiB", "17 B".
-std::string format_bytes(double bytes);
 //! "0.313 ms" / "12.4 s": milliseconds with three significant digits.
 std::string format_ms(double ms);
 //! A metric value formatted by its unit (bytes, ms, or a plain number).

@@ -1,11 +1,11 @@
-#include "experiments/kinds/run_trial.h"
+#include "trials/run_trial.h"
 
 #include <stdexcept>
 
-#include "experiments/kinds/attention_step.h"
-#include "experiments/kinds/autotune_race.h"
-#include "experiments/kinds/cache_corruption.h"
-#include "experiments/kinds/python_kind.h"
+#include "trials/attention_step.h"
+#include "trials/autotune_race.h"
+#include "trials/cache_corruption.h"
+#include "trials/python_kind.h"
 
 namespace harness::kinds {
 

@@ -1,4 +1,4 @@
-#include "experiments/kinds/memory.h"
+#include "trials/memory.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
-#include <regex>
 #include <stdexcept>
 
 namespace harness::kinds {
@@ -172,24 +171,6 @@ double PhaseTimer::stop() {
 
 void synchronize(const at::Device& device) {
   if (device.is_cuda()) c10::cuda::device_synchronize();
-}
-
-std::optional<int64_t> requested_bytes_from_message(const std::string& message) {
-  static const std::regex plain(R"(tried to allocate (\d+) bytes)", std::regex::icase);
-  static const std::regex with_unit(R"(Tried to allocate ([0-9.]+) ?(B|KiB|MiB|GiB|TiB|bytes))");
-  std::smatch match;
-  if (std::regex_search(message, match, plain)) return std::stoll(match[1].str());
-  if (std::regex_search(message, match, with_unit)) {
-    const double value = std::stod(match[1].str());
-    const std::string unit = match[2].str();
-    double scale = 1.0;
-    if (unit == "KiB") scale = 1024.0;
-    if (unit == "MiB") scale = 1024.0 * 1024.0;
-    if (unit == "GiB") scale = 1024.0 * 1024.0 * 1024.0;
-    if (unit == "TiB") scale = 1024.0 * 1024.0 * 1024.0 * 1024.0;
-    return static_cast<int64_t>(value * scale);
-  }
-  return std::nullopt;
 }
 
 void watch_cuda_oom(const at::Device& device) {

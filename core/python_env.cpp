@@ -1,4 +1,4 @@
-#include "harness/python_env.h"
+#include "core/python_env.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <sstream>
 
-#include "harness/common.h"
-#include "harness/trial_runner.h"
+#include "core/errors.h"
+#include "core/trial_runner.h"
 
 namespace harness {
 namespace {

@@ -1,4 +1,4 @@
-#include "experiments/kinds/attention_step.h"
+#include "trials/attention_step.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -15,8 +15,9 @@
 #include <stdexcept>
 #include <thread>
 
-#include "experiments/kinds/memory.h"
-#include "harness/common.h"
+#include "trials/memory.h"
+#include "core/files.h"
+#include "core/oom_message.h"
 #include "kernels/attention.h"
 #include "kernels/mask_desc.h"
 #include "replay/capsule.h"
@@ -409,7 +410,7 @@ TrialResult run_attention_step(const spec::Spec& spec, const TrialContext& conte
     result.status = "oom";
     result.error = error.what_without_backtrace();
     result.requested_bytes = device.is_cuda() && last_cuda_oom_request() ? last_cuda_oom_request()
-                                                                          : requested_bytes_from_message(result.error);
+                                                                          : allocator_requested_bytes(result.error);
   } catch (const kernels::UnsupportedError& error) {
     result = {};
     result.status = "unsupported";
@@ -419,7 +420,7 @@ TrialResult run_attention_step(const spec::Spec& spec, const TrialContext& conte
     // allocate memory: you tried to allocate N bytes"), not as an OutOfMemoryError.
     result = {};
     result.error = error.what_without_backtrace();
-    const auto requested = requested_bytes_from_message(result.error);
+    const auto requested = allocator_requested_bytes(result.error);
     const bool allocation_failed = requested && (result.error.find("allocate memory") != std::string::npos ||
                                                  result.error.find("out of memory") != std::string::npos);
     result.status = allocation_failed ? "oom" : "error";

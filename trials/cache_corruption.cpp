@@ -1,7 +1,7 @@
 // Kind cache_corruption: plant a damage in the autotune cache (or race writers on it), then check
 // the autotuner's diagnostics, its choice, the file it leaves and what a fresh autotuner reads back.
 
-#include "experiments/kinds/cache_corruption.h"
+#include "trials/cache_corruption.h"
 
 #include <fcntl.h>
 #include <ftw.h>
@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"
 #include "kernels/autotune.h"
 
 namespace harness::kinds {
@@ -171,7 +172,7 @@ CacheFileCheck check_cache_file(const std::string& path) {
 int64_t count_temp_files(const fs::path& dir) {
   int64_t count = 0;
   for (const auto& entry : fs::directory_iterator(dir)) {
-    if (entry.path().filename().string().starts_with(std::string(kCacheName) + ".tmp.")) ++count;
+    if (entry.path().filename().string().starts_with(atomic_temp_prefix(kCacheName))) ++count;
   }
   return count;
 }

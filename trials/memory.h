@@ -52,10 +52,6 @@ class PhaseTimer {
 //! Waits for all work queued on the device.
 void synchronize(const at::Device& device);
 
-//! Bytes the failing allocation asked for, from an allocator's OOM message ("Tried to allocate
-//! 15.09 GiB", "you tried to allocate 123 bytes"); nullopt when the message names none.
-std::optional<int64_t> requested_bytes_from_message(const std::string& message);
-
 //! Exact requested bytes of the last CUDA OOM (from the caching allocator's OOM observer),
 //! nullopt when none happened.
 std::optional<int64_t> last_cuda_oom_request();

@@ -1,4 +1,4 @@
-#include "harness/printer.h"
+#include "core/printer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -34,18 +34,6 @@ void print_table(std::ostream& out, const Table& table) {
 }
 
 void print_json(std::ostream& out, const nlohmann::json& value) { out << value.dump(2) << '\n'; }
-
-std::string format_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int unit = 0;
-  double scaled = bytes;
-  while (std::fabs(scaled) >= 1024.0 && unit < 4) {
-    scaled /= 1024.0;
-    ++unit;
-  }
-  if (unit == 0) return fmt::format("{:.0f} B", scaled);
-  return fmt::format("{:.{}f} {}", scaled, std::fabs(scaled) < 10 ? 2 : (std::fabs(scaled) < 100 ? 1 : 0), units[unit]);
-}
 
 std::string format_ms(double ms) {
   if (ms >= 10000.0) return fmt::format("{:.1f} s", ms / 1000.0);

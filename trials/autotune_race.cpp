@@ -1,7 +1,7 @@
 // Kind autotune_race: rounds of T threads warming up one fresh autotuner at once, each call checked
 // against the fake kernel's known fastest config and output.
 
-#include "experiments/kinds/autotune_race.h"
+#include "trials/autotune_race.h"
 
 #include <algorithm>
 #include <array>
@@ -17,7 +17,7 @@
 #include <thread>
 #include <utility>
 
-#include "experiments/kinds/shared_state_autotuner.h"
+#include "trials/shared_state_autotuner.h"
 #include "kernels/autotune.h"
 
 namespace harness::kinds {

@@ -1,4 +1,4 @@
-#include "harness/trial_runner.h"
+#include "core/trial_runner.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -12,7 +12,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "harness/common.h"
+#include "core/errors.h"
 
 extern char** environ;
 

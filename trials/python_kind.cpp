@@ -1,4 +1,4 @@
-#include "experiments/kinds/python_kind.h"
+#include "trials/python_kind.h"
 
 #include <sys/stat.h>
 
@@ -9,9 +9,10 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "core/oom_message.h"
+#include "core/python_env.h"
+#include "core/trial_runner.h"
 #include "experiments/kinds/python_kind_info.h"
-#include "harness/python_env.h"
-#include "harness/trial_runner.h"
 
 namespace harness::kinds {
 namespace {
@@ -87,20 +88,6 @@ bool mentions_oom(const std::string& text) {
          text.find("not enough memory") != std::string::npos || text.find("MemoryError") != std::string::npos;
 }
 
-// "Tried to allocate 15.09 GiB" (CUDA caching allocator), "you tried to allocate 1234 bytes" (CPU).
-std::optional<int64_t> requested_bytes_in(const std::string& text) {
-  static const std::regex pattern(R"([Tt]ried to allocate ([0-9]+(?:\.[0-9]+)?) ?(bytes|B|KiB|MiB|GiB|TiB))");
-  std::smatch match;
-  if (!std::regex_search(text, match, pattern)) return std::nullopt;
-  const double number = std::stod(match[1].str());
-  const std::string unit = match[2].str();
-  double scale = 1.0;
-  if (unit == "KiB") scale = 1024.0;
-  if (unit == "MiB") scale = 1024.0 * 1024.0;
-  if (unit == "GiB") scale = 1024.0 * 1024.0 * 1024.0;
-  if (unit == "TiB") scale = 1024.0 * 1024.0 * 1024.0 * 1024.0;
-  return static_cast<int64_t>(std::llround(number * scale));
-}
 
 // Keys of the printed object that say how the script ended, not what it measured.
 bool is_protocol_key(const std::string& key) {
@@ -275,7 +262,7 @@ TrialResult run_python(const spec::Spec& spec, const TrialContext& context) {
     if (output.contains("requested_bytes") && output["requested_bytes"].is_number())
       result.requested_bytes = static_cast<int64_t>(output["requested_bytes"].get<double>());
     else
-      result.requested_bytes = requested_bytes_in(result.error);
+      result.requested_bytes = allocator_requested_bytes(result.error);
   } else if (output.is_object() && output.contains("error")) {
     result.status = "error";
     result.error = as_text(output["error"]);
@@ -283,7 +270,7 @@ TrialResult run_python(const spec::Spec& spec, const TrialContext& context) {
     const std::string exit = "the script exited with code " + std::to_string(outcome.exit_code.value_or(-1));
     if (mentions_oom(outcome.stderr_tail)) {
       result.status = "oom";
-      result.requested_bytes = requested_bytes_in(outcome.stderr_tail);
+      result.requested_bytes = allocator_requested_bytes(outcome.stderr_tail);
     } else {
       result.status = "error";
     }

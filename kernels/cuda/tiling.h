@@ -1,0 +1,94 @@
+#pragma once
+// How the CUDA fused kernels tile a problem and lay out their device scratch, written once: the
+// launcher (attention_launch.cu) sizes tiles and scratch with these functions, and the memory
+// model (experiments/memory_model.cpp) predicts the same bytes by calling the same functions.
+// Host-only constexpr over plain integers: no CUDA header, so torch-free code without a CUDA
+// toolkit can include it.
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/attention_config.h"
+
+namespace harness::kernels::cuda::tiling {
+
+constexpr int64_t kScratchAlign = 256;     //!< every scratch part starts 256-byte aligned
+constexpr int64_t kQueryRowPad = 128;      //!< query rows padded to a multiple of every tiling's block_m
+constexpr int64_t kWorkItemBytes = 8;      //!< a WorkItem (attention_params.h): two int32
+constexpr int64_t kRowStatBytes = 8;       //!< per q row (lse·log2e, delta) as float2
+constexpr int64_t kQueryMaskRowBytes = 32; //!< device::QueryMaskRow (mask_device.cuh asserts it)
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+constexpr int64_t align_scratch(int64_t bytes) { return ceil_div(bytes, kScratchAlign) * kScratchAlign; }
+//! Query rows padded to kQueryRowPad, so padded tile rows index real (sees-nothing) row entries.
+constexpr int64_t padded_q_len(int64_t q_len) { return ceil_div(q_len, kQueryRowPad) * kQueryRowPad; }
+
+//! How one kernel tiles the queries: `rows` MMA rows per CTA made of `heads_packed` query heads
+//! of one GQA group times `block_m` positions each, and `block_n` keys per kv tile.
+struct Tile {
+  int64_t rows = 0;
+  int64_t heads_packed = 1;
+  int64_t block_m = 0;
+  int64_t block_n = 0;
+};
+
+//! Packs as many query heads of one GQA group into a tile of `rows` rows as divide the group
+//! (a power of two), down to 16 positions per head (one MMA row block). The heads of a group read
+//! the same K/V, so packing them keeps the K/V reuse of a `rows`-row tile while each head covers
+//! only rows / heads_packed positions: with the dflash mask that is one or two draft blocks
+//! instead of eight, so far fewer kv blocks are visited for nothing.
+constexpr Tile packed_tile(int64_t heads, int64_t kv_heads, int64_t rows, int64_t block_n) {
+  const int64_t group = heads / kv_heads;
+  const int64_t heads_packed = std::min(group & -group, rows / 16);
+  return Tile{rows, heads_packed, rows / heads_packed, block_n};
+}
+constexpr Tile fwd_tile(int64_t heads, int64_t kv_heads, FwdKernel kernel) {
+  const FwdKernelTiling tiling = fwd_kernel_tiling(kernel);
+  return packed_tile(heads, kv_heads, tiling.rows, tiling.block_n);
+}
+constexpr Tile bwd_dq_tile(int64_t heads, int64_t kv_heads) {
+  static_assert(BwdDqConfig<128>::kBlockM == BwdDqConfig<64>::kBlockM && BwdDqConfig<128>::kBlockN == BwdDqConfig<64>::kBlockN,
+                "one dQ tiling for both head dims");
+  return packed_tile(heads, kv_heads, BwdDqConfig<128>::kBlockM, BwdDqConfig<128>::kBlockN);
+}
+constexpr Tile bwd_dkdv_tile(int64_t heads, int64_t kv_heads) {
+  static_assert(BwdDkdvConfig<128>::kBlockM == BwdDkdvConfig<64>::kBlockM &&
+                    BwdDkdvConfig<128>::kBlockN == BwdDkdvConfig<64>::kBlockN,
+                "one dK/dV tiling for both head dims");
+  return packed_tile(heads, kv_heads, BwdDkdvConfig<128>::kBlockM, BwdDkdvConfig<128>::kBlockN);
+}
+
+//! CTAs of a forward launch: q block x head pack x batch.
+constexpr int64_t fwd_ctas(int64_t batch, int64_t heads, int64_t kv_heads, int64_t num_q_blocks, FwdKernel kernel) {
+  return num_q_blocks * (heads / fwd_tile(heads, kv_heads, kernel).heads_packed) * batch;
+}
+//! Forward scratch: the longest-first schedule, one WorkItem per CTA.
+constexpr int64_t fwd_scratch_bytes(int64_t batch, int64_t heads, int64_t kv_heads, int64_t num_q_blocks,
+                                    FwdKernel kernel) {
+  return align_scratch(fwd_ctas(batch, heads, kv_heads, num_q_blocks, kernel) * kWorkItemBytes);
+}
+
+//! Backward scratch, in order: per-(batch, head, padded q row) statistics, per padded q row mask
+//! rows, then the merged schedule (dK/dV CTAs first, then dQ CTAs). Offsets are from the start.
+struct BwdScratch {
+  int64_t row_stats = 0;  //!< offset of the float2 row statistics
+  int64_t mask_rows = 0;  //!< offset of the QueryMaskRows
+  int64_t schedule = 0;   //!< offset of the WorkItems
+  int64_t bytes = 0;      //!< total
+  int64_t dkdv_ctas = 0;
+  int64_t dq_ctas = 0;
+};
+constexpr BwdScratch bwd_scratch(int64_t batch, int64_t heads, int64_t kv_heads, int64_t q_len, int64_t dq_num_q_blocks,
+                                 int64_t dkdv_num_kv_blocks) {
+  const int64_t q_pad = padded_q_len(q_len);
+  BwdScratch layout;
+  layout.dkdv_ctas = dkdv_num_kv_blocks * kv_heads * batch;
+  layout.dq_ctas = dq_num_q_blocks * (heads / bwd_dq_tile(heads, kv_heads).heads_packed) * batch;
+  layout.row_stats = 0;
+  layout.mask_rows = align_scratch(batch * heads * q_pad * kRowStatBytes);
+  layout.schedule = layout.mask_rows + align_scratch(q_pad * kQueryMaskRowBytes);
+  layout.bytes = layout.schedule + align_scratch((layout.dkdv_ctas + layout.dq_ctas) * kWorkItemBytes);
+  return layout;
+}
+
+}  // namespace harness::kernels::cuda::tiling
