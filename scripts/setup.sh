@@ -44,7 +44,7 @@ fi
 log "configuring $build_dir"
 cmake -S "$root" -B "$build_dir" -G Ninja "${launcher[@]}" \
   -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" \
-  -DCMAKE_PREFIX_PATH="$torch_prefix" ${CMAKE_EXTRA_ARGS:-} >"$build_dir.configure.log" 2>&1 \
+  -DCMAKE_PREFIX_PATH="$torch_prefix" -DHARNESS_TEST_PYTHON="$venv/bin/python" ${CMAKE_EXTRA_ARGS:-} >"$build_dir.configure.log" 2>&1 \
   || { cat "$build_dir.configure.log" >&2; exit 3; }
 grep '^-- harness:' "$build_dir.configure.log" >&2 || true
 log "building (this takes a few minutes on two cores)"

@@ -162,7 +162,7 @@ TEST_CASE("trials that crash, abort, throw, run out of memory or hang are record
   CHECK(fail_on.exit_code == 1);
 }
 
-TEST_CASE("--memory-limit makes the dense variant an OOM result, not a crash", "[cli]") {
+TEST_CASE("a --memory-limit makes the dense variant an OOM result, not a crash", "[cli]") {
   Sandbox box;
   // At the CPU profile the dense forward adds ~30 MiB (fp32 scores) and the fused one < 1 MiB.
   const Result run = box.harness("run bwd_fusion --device cpu --memory-limit 8MiB --json --db " + box.db());

@@ -173,7 +173,7 @@ TEST_CASE("a resolved spec parses back to the same spec, variant order included"
                   "expected each variant name once"));
 }
 
-TEST_CASE("--set overrides numbers, strings and nested fields after the profile", "[spec]") {
+TEST_CASE("overrides (--set) change numbers, strings and nested fields after the profile", "[spec]") {
   SECTION("a number") {
     const Spec spec = small_spec({"dims.anchors=16"});
     CHECK(spec.dims.anchors == 16);

@@ -53,7 +53,7 @@ TEST_CASE("a sweep crosses its axes, the first outermost", "[sweep]") {
   CHECK(harness::spec::sweep_points(again) == points);
 }
 
-TEST_CASE("--set with a list sweeps a field and with a value pins a swept one", "[sweep]") {
+TEST_CASE("a --set list sweeps a field and a --set value pins a swept one", "[sweep]") {
   LoadOptions sweep_it;
   sweep_it.overrides = {"dims.anchors=[8,12,16]"};
   const auto swept = load_spec_text(base_spec(), "s.json", sweep_it);

@@ -5,8 +5,8 @@
 // float64 CPU reference on small shapes), poisons outputs to catch unwritten elements, checks the
 // backward is bitwise reproducible, then times the real dims with CUDA events.
 //
-//   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I. \
-//        kernels/cuda/attention_selftest.cu kernels/cuda/attention_launch.cu -o attention_selftest
+//   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I. kernels/cuda/attention_selftest.cu
+//        kernels/cuda/attention_launch.cu -o attention_selftest      (one command line)
 //   ./attention_selftest [--quick | --small | --tiny] [--log FILE]
 // --quick skips the two larger real-dims cases, --small every real-dims case (for
 // compute-sanitizer), --tiny runs the first small case only.
