@@ -71,7 +71,9 @@ struct CudaKernelChoice {
 struct AttentionOptions {
   AttentionImpl impl = AttentionImpl::fused;
   double scale = 0.0;          //!< softmax scale; 0 means 1/sqrt(head_dim)
-  bool deterministic = false;  //!< CUDA backward: no atomics in dK/dV/dQ reductions
+  //! CUDA backward: true limits the kernels to the bitwise-reproducible ones (no atomics: wgmma,
+  //! mma); false (default) also allows, and by default runs, wgmma_atomic (dQ by fp32 atomic adds).
+  bool deterministic = false;
   CpuTileConfig cpu_tiles{};   //!< tiling of the CPU fused kernel
   CudaKernelChoice cuda_kernels{};  //!< CUDA fused kernels (default: autotuned)
   DispatchTrace* trace = nullptr;  //!< where to record the dispatch decision (may be null)

@@ -9,6 +9,10 @@ unreadable by hand and easy to get wrong, so the wrappers are generated. Run fro
 Generated: for N in (64, 128) and B transposed or not,
   wgmma_ss<N, kTransB>(acc, desc_a, desc_b, accumulate)  A and B from shared memory (descriptors)
   wgmma_rs<N, kTransB>(acc, a, desc_b, accumulate)       A from registers (4 x bf16x2), B from smem
+and for N = 64
+  wgmma_ss_mn<N>(acc, desc_a, desc_b, accumulate)        A M-major and B N-major, both from smem
+                                                         (the dQ += dS K product of the atomic backward,
+                                                         whose dS^T tile is stored keys x queries)
 acc is float[N / 8][4] in the m64nNk16 f32 accumulator layout (per warp: 16 rows; n8 chunk j in
 acc[j], elements (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) for lane = 4g + t), bf16 inputs.
 """
@@ -36,13 +40,18 @@ def acc_list(n):
     return "{" + ", ".join(f"%{i}" for i in range(n // 2)) + "}"
 
 
-def ss(n, trans_b):
+def ss(n, trans_b, trans_a=False):
     count = n // 2
     body = (f"  asm volatile(\n"
             f"      \"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{count + 2}, 0;\\n\"\n"
-            f"      \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {acc_list(n)}, %{count}, %{count + 1}, p, 1, 1, 0, {int(trans_b)};\\n}}\\n\"\n"
+            f"      \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {acc_list(n)}, %{count}, %{count + 1}, p, 1, 1, {int(trans_a)}, {int(trans_b)};\\n}}\\n\"\n"
             f"      : {acc_operands(n)}\n"
             f"      : \"l\"(desc_a), \"l\"(desc_b), \"r\"(static_cast<int>(accumulate)));\n")
+    if trans_a:
+        return (f"//! acc(64 x {n}) {{=, +=}} A(64 x 16, smem, M-major) * B(16 x {n}, smem, N-major).\n"
+                f"template <>\n"
+                f"__device__ __forceinline__ void wgmma_ss_mn<{n}>(float (&acc)[{n // 8}][4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {{\n"
+                f"{body}}}\n\n")
     return (f"//! acc(64 x {n}) {{=, +=}} A(64 x 16, smem) * B(16 x {n}, smem{', N-major' if trans_b else ''}).\n"
             f"template <>\n"
             f"__device__ __forceinline__ void wgmma_ss<{n}, {str(trans_b).lower()}>(float (&acc)[{n // 8}][4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {{\n"
@@ -69,11 +78,15 @@ def main():
              "__device__ __forceinline__ void wgmma_ss(float (&acc)[N / 8][4], uint64_t desc_a, uint64_t desc_b, bool accumulate);\n"
              "//! acc {=, +=} A * B, A in registers (the m16n8k16 A fragment of each warp's 16 rows).\n"
              "template <int N, bool kTransB>\n"
-             "__device__ __forceinline__ void wgmma_rs(float (&acc)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate);\n\n")
+             "__device__ __forceinline__ void wgmma_rs(float (&acc)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate);\n"
+             "//! acc {=, +=} A * B, A M-major (transposed) and B N-major, both in shared memory.\n"
+             "template <int N>\n"
+             "__device__ __forceinline__ void wgmma_ss_mn(float (&acc)[N / 8][4], uint64_t desc_a, uint64_t desc_b, bool accumulate);\n\n")
     for n in SIZES:
         for trans_b in (False, True):
             text += ss(n, trans_b)
             text += rs(n, trans_b)
+    text += ss(64, True, trans_a=True)
     text += "}  // namespace harness::kernels::cuda::device\n"
     path = pathlib.Path(__file__).resolve().parent.parent / "kernels" / "cuda" / "wgmma_ops.cuh"
     path.write_text(text)

@@ -104,12 +104,13 @@ MaskDesc simple(MaskKind kind, int64_t documents = 1, int64_t window = 0) {
   return desc;
 }
 
-// Every forward kernel (with the wgmma backward), and the mma.sync backward (with the default
-// forward): each must pass on every case, whatever the autotuner would pick.
+// Every forward kernel (with the wgmma backward), and the mma.sync and atomic-dQ backwards (with
+// the default forward): each must pass on every case, whatever the autotuner would pick.
 std::vector<CudaKernelChoice> every_kernel() {
   std::vector<CudaKernelChoice> choices;
   for (const char* fwd : {"wgmma_m128_n128", "wgmma_m128_n64", "wgmma_m64_n64", "mma_m128_n64"}) choices.push_back({fwd, "wgmma"});
   choices.push_back({"", "mma"});
+  choices.push_back({"", "wgmma_atomic"});
   return choices;
 }
 
@@ -203,6 +204,72 @@ TEST_CASE("fused_cuda gives zeros and finite gradients for rows that see nothing
   CHECK(all_finite(v.grad()));
 }
 
+TEST_CASE("fused_cuda's atomic-dQ backward matches the dense reference (forced by options)", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  const std::vector<CudaKernelChoice> atomic = {{"", "wgmma_atomic"}};
+  // Real dims: 32 heads, 8 KV heads, head_dim 128, causal over 2048 queries x 10240 keys.
+  check_against_dense(make_case("causal real dims", 1, 32, 8, 128, 128, 8192, simple(MaskKind::causal)), 21, atomic);
+  // Awkward: ragged lengths, every GQA ratio the packing handles (1, 3, 4, 8), head_dim 64 (the
+  // two consumers take dQ steps in turn), batch 3 (accumulator offsets per batch).
+  const std::vector<Case> cases = {
+      make_case("head_dim 64, batch 3, 4 query heads per kv head", 3, 8, 2, 64, 5, 333, simple(MaskKind::causal)),
+      make_case("3 query heads per kv head, document_causal", 1, 6, 2, 128, 6, 700, simple(MaskKind::document_causal, 3)),
+      make_case("kv_heads 1 (8 query heads per kv head), dflash", 1, 8, 1, 128, 9, 700, dflash(2)),
+      make_case("MHA, sliding_window 77", 1, 3, 3, 128, 4, 500, simple(MaskKind::sliding_window, 1, 77)),
+  };
+  uint64_t seed = 30;
+  for (const Case& c : cases) check_against_dense(c, seed++, atomic);
+}
+
+TEST_CASE("deterministic=true runs only deterministic backward kernels and refuses the atomic one", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  const Case c = make_case("dflash", 1, 8, 2, 128, 16, 2048, dflash(2));
+  MaskContext mask(c.mask);
+  at::manual_seed(6);
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({1, 8, c.mask.q_len, 128}, cuda);
+  const at::Tensor k = at::randn({1, 2, c.mask.kv_len, 128}, cuda);
+  const at::Tensor v = at::randn({1, 2, c.mask.kv_len, 128}, cuda);
+  const at::Tensor dout = at::randn({1, 8, c.mask.q_len, 128}, cuda);
+  DispatchTrace trace;
+  auto run = [&](bool deterministic, const CudaKernelChoice& choice) {
+    return run_step(q, k, v, dout, [&](auto& a, auto& b, auto& d) {
+      return fused_attention_cuda(a, b, d, mask, 0.088, deterministic, &trace, choice);
+    });
+  };
+  // Untuned or tuned, deterministic=true picks among wgmma and mma only.
+  run(true, {});
+  auto records = trace.records();
+  REQUIRE(records.size() == 2);
+  INFO(records[1].reason << " | " << records[1].config);
+  CHECK(records[1].config.rfind("bwd wgmma_atomic", 0) != 0);
+  CHECK(records[1].reason.find("no atomics: bitwise deterministic") != std::string::npos);
+  CHECK(records[1].reason.find("deterministic=true") != std::string::npos);
+  // Forcing the atomic kernel while asking for determinism is refused up front, naming both.
+  std::string message;
+  try {
+    fused_attention_cuda(q, k, v, mask, 0.088, /*deterministic=*/true, &trace, {"", "wgmma_atomic"});
+  } catch (const UnsupportedError& error) {
+    message = error.what();
+  }
+  INFO(message);
+  CHECK(message.find("\"wgmma_atomic\" (the call's options) is not deterministic") != std::string::npos);
+  CHECK(trace.records().size() == 2);  // nothing ran
+  // Without determinism the atomic kernel runs when forced and says it is not deterministic; its
+  // dK and dV are still summed by one CTA each (bitwise equal run to run), dQ agrees to rounding.
+  const Grads first = run(false, {"", "wgmma_atomic"});
+  const Grads second = run(false, {"", "wgmma_atomic"});
+  records = trace.records();
+  REQUIRE(records.size() >= 4);
+  const auto& last = records.back();
+  CHECK(last.op == "attention_bwd");
+  CHECK(last.config.rfind("bwd wgmma_atomic:", 0) == 0);
+  CHECK(last.reason.find("NOT bitwise deterministic") != std::string::npos);
+  CHECK(at::equal(first.dk, second.dk));
+  CHECK(at::equal(first.dv, second.dv));
+  CHECK(max_abs_diff(first.dq, second.dq) <= 1e-2 * std::max(1.0, first.dq.abs().max().item<double>()));
+}
+
 TEST_CASE("fused_cuda backward is bitwise reproducible and records its dispatch", "[cuda][attention]") {
   if (!have_gpu()) return;
   const Case c = make_case("dflash", 1, 8, 2, 128, 16, 2048, dflash(2));
@@ -219,7 +286,9 @@ TEST_CASE("fused_cuda backward is bitwise reproducible and records its dispatch"
       return fused_attention_cuda(a, b, d, mask, 0.088, deterministic, &trace);
     });
   };
-  const Grads first = run(false);
+  // deterministic=true twice (deterministic=false may run wgmma_atomic, whose dQ is not bitwise
+  // reproducible: see the test above).
+  const Grads first = run(true);
   const Grads second = run(true);
   CHECK(at::equal(first.out, second.out));
   CHECK(at::equal(first.dq, second.dq));

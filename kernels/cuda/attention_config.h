@@ -20,10 +20,15 @@ enum class FwdKernel : int32_t {
   wgmma_m64_n64 = 3,    //!< same, 1 consumer warpgroup of 64 rows, 64-key tiles, 2 CTAs per SM
 };
 
-//! The backward kernels (autotuner candidates); both read the same BlockMasks.
+//! The backward kernels (autotuner candidates); all read the dK/dV BlockMask, the first two the
+//! dQ one too.
 enum class BwdKernel : int32_t {
   mma = 0,    //!< mma.sync + ldmatrix + cp.async, merged dK/dV + dQ launch (bwd_kernels.cuh)
   wgmma = 1,  //!< TMA + wgmma, warp-specialized, the same merged launch (bwd_wgmma_kernels.cuh)
+  //! TMA + wgmma, one CTA per kv block and kv head doing all 5 GEMMs per (q block, head pack); dQ
+  //! summed in fp32 global memory by bulk reduce-add (cp.reduce.async.bulk), so not bitwise
+  //! reproducible (bwd_wgmma_atomic_kernel.cuh). FlashAttention-3's backward structure.
+  wgmma_atomic = 2,
 };
 
 //! Query rows per CTA and keys per step of a forward kernel: the tiling its BlockMask must have
@@ -63,12 +68,22 @@ constexpr const char* bwd_kernel_label(BwdKernel kernel) {
   switch (kernel) {
     case BwdKernel::mma: return "mma";
     case BwdKernel::wgmma: return "wgmma";
+    case BwdKernel::wgmma_atomic: return "wgmma_atomic";
   }
   return "unknown";
 }
-//! Every backward kernel, the default first: the wgmma one, faster on every measured case.
-constexpr BwdKernel kBwdKernels[] = {BwdKernel::wgmma, BwdKernel::mma};
+//! Whether a backward kernel gives bitwise-identical gradients on every run (no atomics).
+constexpr bool bwd_kernel_deterministic(BwdKernel kernel) {
+  return kernel != BwdKernel::wgmma_atomic;
+}
+//! Every backward kernel, the default first: the atomic-dQ wgmma kernel (5 GEMMs per pair instead
+//! of 7), then the deterministic ones.
+constexpr BwdKernel kBwdKernels[] = {BwdKernel::wgmma_atomic, BwdKernel::wgmma, BwdKernel::mma};
 constexpr BwdKernel kDefaultBwdKernel = kBwdKernels[0];
+//! The candidates when `deterministic` is asked for, the default first: the wgmma one, faster than
+//! mma.sync on every measured case.
+constexpr BwdKernel kDeterministicBwdKernels[] = {BwdKernel::wgmma, BwdKernel::mma};
+constexpr BwdKernel kDefaultDeterministicBwdKernel = kDeterministicBwdKernels[0];
 
 //! The kernel of `kernels` whose label is `name`; false when none is.
 template <typename Kernel, std::size_t N>
@@ -213,6 +228,61 @@ struct BwdWgmmaConfig {
   static_assert(kDkdvKeys == BwdDkdvConfig<kHeadDim>::kBlockN && kDkdvRows == BwdDkdvConfig<kHeadDim>::kBlockM &&
                     kDqRows == BwdDqConfig<kHeadDim>::kBlockM && kDqBlockN == BwdDqConfig<kHeadDim>::kBlockN,
                 "the same tilings (and so BlockMasks) as the mma.sync backward");
+};
+
+//! Hopper backward with atomic dQ (bwd_wgmma_atomic_kernel.cuh): one CTA per kv block (128 keys)
+//! and kv head, one producer warpgroup (a TMA thread and a dQ-reducer thread) and two consumer
+//! warpgroups of 64 keys; K and V resident, (Q, dO, row info) streamed per 64-row step over every
+//! head pack of the GQA group and every listed q block, as in the deterministic kernel's dK/dV
+//! tile. Per step the consumers also write dS^T (bf16, keys x queries, two buffers) to shared
+//! memory, meet once, and compute dQ = dS K (consumer c the D columns 64c.. at D = 128; at D = 64
+//! the consumers alternate steps) into an fp32 shared tile; the reducer thread adds that tile to an
+//! fp32 dQ accumulator in global memory with one bulk reduce-add per packed head. A last small
+//! kernel converts the accumulator to bf16 dQ.
+template <int kHeadDim_, int kStages_>
+struct BwdWgmmaAtomicConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  //! Q / dO / row-info ring depth. Measured (H200, real dims, bwd ms) at 3 against 2: dflash 128
+  //! anchors 0.349 vs 0.350, 512 anchors 1.259 vs 1.262, causal 1.79 vs 1.81-1.84: within noise,
+  //! so 2 (33 KB less shared memory).
+  static constexpr int kStages = kStages_;
+  static constexpr int kThreads = 3 * 128;
+  static constexpr int kKeys = 128;  //!< keys per CTA, 64 per consumer
+  static constexpr int kRows = 64;   //!< query rows per step (packed heads x positions)
+  static constexpr int kKvBytes = kKeys * kHeadDim * 2;  //!< resident K (and V)
+  static constexpr int kQBytes = kRows * kHeadDim * 2;   //!< one stage's Q (and dO)
+  static constexpr int kDsBytes = kKeys * kRows * 2;     //!< dS^T, bf16, 128-byte swizzled rows of 64 queries
+  static constexpr int kDqBytes = kRows * kHeadDim * 4;  //!< one step's dQ, fp32
+  static constexpr int kDqColumns = 64;                  //!< dQ columns one consumer computes per step
+  //! Offsets (bytes) from the 1024-aligned base: every wgmma operand 1024-aligned.
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kKvBytes;
+  static constexpr int kOffQ = kOffV + kKvBytes;
+  static constexpr int kOffDo = kOffQ + kStages * kQBytes;
+  static constexpr int kOffDs = kOffDo + kStages * kQBytes;
+  static constexpr int kOffDq = kOffDs + 2 * kDsBytes;  // dS^T double-buffered
+  static constexpr int kOffStats = kOffDq + kDqBytes;            //!< kStages x kRows (lse2, delta)
+  static constexpr int kOffMasks = kOffStats + kStages * kRows * 8;  //!< kStages x kRows QueryMaskRow
+  static constexpr int kOffBarriers = kOffMasks + kStages * kRows * 32;
+  //! resident, 2 "full" and 1 "empty" per stage, dQ tile full / empty.
+  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages + 2);
+  static constexpr int kSmemBytes = 1024 + kOffBarriers + kBarrierBytes;
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = 232;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  static_assert(kSmemBytes <= 227 * 1024, "within the 227 KB an sm_90 CTA may use");
+  static_assert(128 * kProducerRegisters + 2 * 128 * kConsumerRegisters <= 65536, "register budget of the SM");
+  static_assert(kKeys == BwdDkdvConfig<kHeadDim>::kBlockN && kRows == BwdDkdvConfig<kHeadDim>::kBlockM,
+                "the dK/dV tiling (and so BlockMask) of the other backward kernels");
+};
+
+//! fp32 dQ accumulator -> bf16 dQ: kHeadDim / 8 threads per row, 8 columns each.
+template <int kHeadDim_>
+struct BwdDqConvertConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kThreadsPerRow = kHeadDim / 8;
+  static constexpr int kThreads = 256;
+  static constexpr int kRowsPerCta = kThreads / kThreadsPerRow;
 };
 
 //! Backward prep (delta = rowsum(dO * O), lse2, mask rows): kHeadDim / 8 threads per row, 16-byte

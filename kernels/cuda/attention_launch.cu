@@ -13,6 +13,7 @@
 #include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/bwd_kernels.cuh"
+#include "kernels/cuda/bwd_wgmma_atomic_kernel.cuh"
 #include "kernels/cuda/bwd_wgmma_kernels.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fwd_kernel.cuh"
@@ -71,9 +72,10 @@ static_assert(sizeof(float2) == tiling::kRowStatBytes, "tiling.h sizes the row s
 static_assert(sizeof(device::QueryMaskRow) == tiling::kQueryMaskRowBytes, "tiling.h sizes the mask rows");
 
 tiling::BwdScratch bwd_layout(const AttentionShape& shape, const BlockListParams& dq_blocks,
-                              const BlockListParams& dkdv_blocks) {
+                              const BlockListParams& dkdv_blocks, BwdKernel kernel) {
+  // wgmma_atomic also needs its fp32 dQ accumulator [B, H, q_pad, D] (tiling::bwd_scratch).
   return tiling::bwd_scratch(shape.batch, shape.heads, shape.kv_heads, shape.q_len, dq_blocks.num_q_blocks,
-                             dkdv_blocks.num_kv_blocks);
+                             dkdv_blocks.num_kv_blocks, bwd_kernel_deterministic(kernel) ? 0 : shape.head_dim);
 }
 
 void check_scratch(const void* scratch, size_t have, size_t need, const char* what) {
@@ -202,6 +204,38 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   throw UnsupportedConfig("fused_cuda attention: unknown forward kernel " + std::to_string(static_cast<int>(params.kernel)));
 }
 
+//! The atomic-dQ backward after the prep kernel: zero the fp32 dQ accumulator, rank the dK/dV
+//! work items, the main kernel (all five GEMMs per step, dQ bulk-added), then dQ to bf16.
+template <class Cfg>
+void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, const tiling::BwdScratch& layout,
+                       const device::BwdScratch& scratch, cudaStream_t stream) {
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  using ConvertCfg = BwdDqConvertConfig<kHeadDim>;
+  const AttentionShape& s = params.shape;
+  HARNESS_CUDA_CHECK(cudaMemsetAsync(scratch.dq_accum, 0, static_cast<size_t>(layout.dq_accum_bytes), stream));
+  // An empty dK/dV block list contributes no CTA (the self-test times the parts apart this way).
+  if (layout.dkdv_ctas > 0) {
+    // Cost of a kv block in units of one 64x128x128 GEMM: 5 per step, times the head packs.
+    const int packs = (s.heads / s.kv_heads) / dkdv_tile.heads_packed;
+    const device::WorkClass items{params.dkdv_blocks.num_kv_blocks, params.dkdv_blocks.q_num_blocks,
+                                  params.dkdv_blocks.full_q_num_blocks, 5 * packs, 4, s.kv_heads * s.batch};
+    launch_schedule(items, device::WorkClass{}, scratch.schedule, stream);
+    device::BwdTensorMaps maps;
+    maps.q_dkdv = q_side_map(params.q, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "q");
+    maps.dout_dkdv = q_side_map(params.dout, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "dout");
+    maps.k_dkdv = kv_side_map(params.k, s, Cfg::kKeys, "k");
+    maps.v_dkdv = kv_side_map(params.v, s, Cfg::kKeys, "v");
+    maps.dk = kv_side_map(params.dk, s, 64, "dk");  // one consumer's 64 keys
+    maps.dv = kv_side_map(params.dv, s, 64, "dv");
+    launch_kernel(device::attention_bwd_atomic_kernel<Cfg>, "attention_bwd_atomic_kernel", layout.dkdv_ctas, Cfg::kThreads,
+                  Cfg::kSmemBytes, stream, params, maps, scratch);
+  }
+  const int64_t rows = static_cast<int64_t>(s.batch) * s.heads * s.q_len;
+  const auto ctas = static_cast<unsigned>((rows + ConvertCfg::kRowsPerCta - 1) / ConvertCfg::kRowsPerCta);
+  device::attention_bwd_dq_convert_kernel<ConvertCfg><<<ctas, ConvertCfg::kThreads, 0, stream>>>(params, scratch);
+  HARNESS_CUDA_LAUNCH_CHECK("attention_bwd_dq_convert_kernel");
+}
+
 template <int kHeadDim>
 void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   using PrepCfg = BwdPrepConfig<kHeadDim>;
@@ -212,7 +246,7 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   check_blocks(params.dq_blocks, dq_tile, "dQ");
   check_blocks(params.dkdv_blocks, dkdv_tile, "dK/dV");
   if (params.shape.batch == 0 || params.shape.q_len == 0) return;
-  const tiling::BwdScratch layout = bwd_layout(params.shape, params.dq_blocks, params.dkdv_blocks);
+  const tiling::BwdScratch layout = bwd_layout(params.shape, params.dq_blocks, params.dkdv_blocks, params.kernel);
   check_scratch(params.scratch, params.scratch_bytes, layout.bytes, "backward");
   auto* base = static_cast<unsigned char*>(params.scratch);
   device::BwdScratch scratch;
@@ -220,12 +254,16 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   scratch.mask_rows = reinterpret_cast<device::QueryMaskRow*>(base + layout.mask_rows);
   scratch.schedule = reinterpret_cast<WorkItem*>(base + layout.schedule);
   scratch.q_pad = static_cast<int>(tiling::padded_q_len(params.shape.q_len));
+  scratch.dq_accum = layout.dq_accum_bytes ? reinterpret_cast<float*>(base + layout.dq_accum) : nullptr;
 
   const int64_t rows = static_cast<int64_t>(params.shape.batch) * params.shape.heads * scratch.q_pad;
   const auto prep_ctas = static_cast<unsigned>((rows + PrepCfg::kRowsPerCta - 1) / PrepCfg::kRowsPerCta);
   device::attention_bwd_prep_kernel<PrepCfg><<<prep_ctas, PrepCfg::kThreads, 0, stream>>>(params, scratch);
   HARNESS_CUDA_LAUNCH_CHECK("attention_bwd_prep_kernel");
 
+  if (params.kernel == BwdKernel::wgmma_atomic) {
+    return launch_bwd_atomic<BwdWgmmaAtomicConfig<kHeadDim, 2>>(params, dkdv_tile, layout, scratch, stream);
+  }
   // An empty block list contributes no CTA (the self-test times the two kinds apart this way).
   const int64_t ctas = layout.dkdv_ctas + layout.dq_ctas;
   if (ctas == 0) return;
@@ -292,8 +330,9 @@ FwdKernel default_fwd_kernel(const AttentionShape& shape) {
   return kDefaultFwdKernel;
 }
 
-size_t bwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks, const BlockListParams& dkdv_blocks) {
-  return static_cast<size_t>(bwd_layout(shape, dq_blocks, dkdv_blocks).bytes);
+size_t bwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks, const BlockListParams& dkdv_blocks,
+                         BwdKernel kernel) {
+  return static_cast<size_t>(bwd_layout(shape, dq_blocks, dkdv_blocks, kernel).bytes);
 }
 
 TileShape fwd_tile_shape(const AttentionShape& shape, FwdKernel kernel) {
@@ -335,12 +374,28 @@ std::string describe_bwd_config(const AttentionShape& shape, BwdKernel kernel) {
   const std::string tiles = std::string("bwd ") + bwd_kernel_name(kernel) + ": " + describe_tile("dkdv", bwd_dkdv_tile_shape(shape)) +
                             " + " + describe_tile("dq", bwd_dq_tile_shape(shape)) + " in one launch, longest first, ";
   if (kernel == BwdKernel::mma) return tiles + "warps=8 mma.sync, deterministic (no atomics)";
+  if (!bwd_kernel_deterministic(kernel)) {
+    return std::string("bwd ") + bwd_kernel_name(kernel) + ": " + describe_tile("dkdv", bwd_dkdv_tile_shape(shape)) +
+           " per kv block over the GQA group, 5 GEMMs per step, longest first, TMA producer + 2 wgmma consumer "
+           "warpgroups, ring x2, dQ in fp32 by bulk reduce-add + convert; NOT deterministic (dQ summation order)";
+  }
   return tiles + "TMA producer + 2 wgmma consumer warpgroups, ring x2, deterministic (no atomics)";
 }
 
 const std::vector<BwdKernel>& bwd_kernels() {
   static const std::vector<BwdKernel> kernels(std::begin(kBwdKernels), std::end(kBwdKernels));
   return kernels;
+}
+
+const std::vector<BwdKernel>& deterministic_bwd_kernels() {
+  static const std::vector<BwdKernel> kernels(std::begin(kDeterministicBwdKernels), std::end(kDeterministicBwdKernels));
+  return kernels;
+}
+
+bool bwd_kernel_is_deterministic(BwdKernel kernel) { return bwd_kernel_deterministic(kernel); }
+
+BwdKernel default_bwd_kernel(bool deterministic) {
+  return deterministic ? kDefaultDeterministicBwdKernel : kDefaultBwdKernel;
 }
 
 const char* bwd_kernel_name(BwdKernel kernel) { return bwd_kernel_label(kernel); }

@@ -143,7 +143,15 @@ bool parse_fwd_kernel(const std::string& name, FwdKernel* kernel);
 FwdKernel default_fwd_kernel(const AttentionShape& shape);
 //! Every backward kernel, in the autotuner's candidate order (the default first).
 const std::vector<BwdKernel>& bwd_kernels();
-//! "wgmma", "mma".
+//! The backward kernels that are bitwise reproducible (the candidates when `deterministic` is
+//! asked for), the default first.
+const std::vector<BwdKernel>& deterministic_bwd_kernels();
+//! Whether `kernel` gives the same bits on every run (false for wgmma_atomic: dQ sums in fp32 by
+//! atomic adds whose order varies).
+bool bwd_kernel_is_deterministic(BwdKernel kernel);
+//! The backward kernel to run when nothing was tuned: wgmma_atomic, or wgmma when deterministic.
+BwdKernel default_bwd_kernel(bool deterministic);
+//! "wgmma_atomic", "wgmma", "mma".
 const char* bwd_kernel_name(BwdKernel kernel);
 //! The kernel of that name; false when there is none.
 bool parse_bwd_kernel(const std::string& name, BwdKernel* kernel);
@@ -154,16 +162,18 @@ TileShape bwd_dkdv_tile_shape(const AttentionShape& shape);
 //! Scratch the forward / backward need for a problem and its BlockMasks (a few MB at most:
 //! 8 bytes per CTA for the schedule; backward also 8 bytes per query row and 32 per position).
 size_t fwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& blocks, FwdKernel kernel);
+//! wgmma_atomic also needs its fp32 dQ accumulator there: 4 * B * H * q_pad * D bytes.
 size_t bwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks,
-                         const BlockListParams& dkdv_blocks);
+                         const BlockListParams& dkdv_blocks, BwdKernel kernel);
 //! Human-readable tile configuration for dispatch records ("fwd wgmma_m128_n128: 128x128 (4 heads x 32 q) ...").
 std::string describe_fwd_config(const AttentionShape& shape, FwdKernel kernel);
 std::string describe_bwd_config(const AttentionShape& shape, BwdKernel kernel);
 
 //! Launches the forward on `stream`. Throws CudaError / UnsupportedConfig.
 void run_attention_fwd(const FwdParams& params, cudaStream_t stream);
-//! Launches the backward (prep, schedule, merged dK/dV + dQ) on `stream`. Deterministic: no
-//! atomics anywhere, each output element is summed by one thread in a fixed order.
+//! Launches the backward on `stream`: prep, schedule, then for wgmma / mma the merged dK/dV + dQ
+//! launch (deterministic: no atomics, each output element summed by one thread in a fixed order),
+//! for wgmma_atomic the dK/dV-per-kv-block kernel with dQ bulk-added in fp32, then dQ to bf16.
 void run_attention_bwd(const BwdParams& params, cudaStream_t stream);
 
 }  // namespace harness::kernels::cuda

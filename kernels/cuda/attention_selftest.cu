@@ -3,7 +3,8 @@
 // from its own straightforward mask predicate, checks forward and backward against an fp32
 // reference made of plain tiled GEMMs and row kernels on the GPU (and that reference against a
 // float64 CPU reference on small shapes), poisons outputs to catch unwritten elements, checks the
-// backward is bitwise reproducible, then times the real dims with CUDA events.
+// deterministic backwards are bitwise reproducible (wgmma_atomic: dK and dV bitwise, dQ to
+// rounding), then times every kernel at the real dims with CUDA events.
 //
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I. kernels/cuda/attention_selftest.cu
 //        kernels/cuda/attention_launch.cu -o attention_selftest      (one command line)
@@ -630,7 +631,11 @@ void setup(Case& c, uint64_t seed) {
   c.bwd.mask = mp;
   c.bwd.dq_blocks = c.dq_blocks->params;
   c.bwd.dkdv_blocks = c.dkdv_blocks->params;
-  c.bwd_scratch = DeviceBuffer<unsigned char>(bwd_scratch_bytes(shape, c.bwd.dq_blocks, c.bwd.dkdv_blocks));
+  size_t bwd_scratch = 0;
+  for (BwdKernel kernel : bwd_kernels()) {
+    bwd_scratch = std::max(bwd_scratch, bwd_scratch_bytes(shape, c.bwd.dq_blocks, c.bwd.dkdv_blocks, kernel));
+  }
+  c.bwd_scratch = DeviceBuffer<unsigned char>(bwd_scratch);
   c.bwd.scratch = c.bwd_scratch.ptr;
   c.bwd.scratch_bytes = c.bwd_scratch.count;
 }
@@ -863,6 +868,8 @@ int main(int argc, char** argv) {
     problems.push_back(problem("sliding_window w100 G4 D64 q112 kv412", 1, 4, 1, 64,
                                make_simple(MaskCode::sliding_window, 112, 412, {}, 100), true));
     problems.push_back(problem("full G1 D128 q48 kv118", 1, 2, 2, 128, make_simple(MaskCode::full, 48, 118, {}, 0), true));
+    problems.push_back(problem("causal B3 G4 D64 H8 KV2 q200 kv333", 3, 8, 2, 64,
+                               make_simple(MaskCode::causal, 200, 333, {}, 0), true));
     problems.push_back(problem("dflash G8 D128 H16 KV2 anchors20 ctx2000", 1, 16, 2, 128,
                                make_dflash(20, 16, {700, 1300}, false, false, 4)));
     problems.push_back(problem("causal G1 D128 H4 q1000 kv3000", 1, 4, 4, 128, make_simple(MaskCode::causal, 1000, 3000, {}, 0)));
@@ -901,19 +908,37 @@ int main(int argc, char** argv) {
             static_cast<long long>(c.fwd_blocks_host[i].partial), static_cast<long long>(c.fwd_blocks_host[i].full));
       }
       const Outputs ours = run_ours(c);
-      // Bitwise reproducibility of the backward (no atomics: every run must give the same bits).
+      // Bitwise reproducibility of the backward. Deterministic kernels (no atomics) must give the
+      // same bits for every gradient; wgmma_atomic for dK and dV (summed in registers by one CTA),
+      // while its dQ may differ in the last bits (fp32 adds in arrival order): reported, not failed.
       auto check_reproducible = [&](const BwdParams& params) {
         const std::vector<uint16_t> dk1 = c.d_dk.download(), dv1 = c.d_dv.download(), dq1 = c.d_dq.download();
         run_attention_bwd(params, nullptr);
         HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
-        const bool same = dk1 == c.d_dk.download() && dv1 == c.d_dv.download() && dq1 == c.d_dq.download();
-        say("    %s backward bitwise reproducible: %s\n", bwd_kernel_name(params.kernel), same ? "yes" : "NO");
-        if (!same) ++g_failures;
+        const std::vector<uint16_t> dq2 = c.d_dq.download();
+        const bool same_kv = dk1 == c.d_dk.download() && dv1 == c.d_dv.download();
+        const bool same_q = dq1 == dq2;
+        if (bwd_kernel_is_deterministic(params.kernel)) {
+          say("    %s backward bitwise reproducible: %s\n", bwd_kernel_name(params.kernel), same_kv && same_q ? "yes" : "NO");
+          if (!(same_kv && same_q)) ++g_failures;
+        } else {
+          const Errors dq_diff = compare(bf16_to_float(dq2), bf16_to_float(dq1));
+          size_t differing = 0;
+          for (size_t i = 0; i < dq1.size(); ++i) differing += dq1[i] != dq2[i];
+          say("    %s backward (not deterministic): dK, dV bitwise reproducible: %s; dQ run to run: %zu of %zu "
+              "elements differ, rel_l2 %.2e\n",
+              bwd_kernel_name(params.kernel), same_kv ? "yes" : "NO", differing, dq1.size(), dq_diff.rel_l2);
+          if (!same_kv || dq_diff.nonfinite != 0 || dq_diff.rel_l2 > 1e-2) ++g_failures;
+        }
       };
       check_reproducible(c.bwd);
       const Outputs ref = gpu_reference(c);
       say("    [%s forward, %s backward]\n", fwd_kernel_name(c.fwd.kernel), bwd_kernel_name(c.bwd.kernel));
       check_outputs(ours, ref, "gpu", 1e-2, 2e-2);
+      Outputs cpu;
+      if (pr.cpu_check) {
+        cpu = cpu_reference(pr, bf16_to_float(c.q), bf16_to_float(c.k), bf16_to_float(c.v), bf16_to_float(c.dout), c.scale);
+      }
       // Every other backward kernel on the default forward's outputs, gradients poisoned first.
       for (BwdKernel kernel : bwd_kernels()) {
         if (kernel == c.bwd.kernel) continue;
@@ -925,9 +950,16 @@ int main(int argc, char** argv) {
         run_attention_bwd(params, nullptr);
         HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
         say("    [%s backward]\n", bwd_kernel_name(kernel));
-        check("dq", "gpu", compare(bf16_to_float(c.d_dq.download()), ref.dq), 2e-2);
-        check("dk", "gpu", compare(bf16_to_float(c.d_dk.download()), ref.dk), 2e-2);
-        check("dv", "gpu", compare(bf16_to_float(c.d_dv.download()), ref.dv), 2e-2);
+        const std::vector<float> dq = bf16_to_float(c.d_dq.download()), dk = bf16_to_float(c.d_dk.download()),
+                                 dv = bf16_to_float(c.d_dv.download());
+        check("dq", "gpu", compare(dq, ref.dq), 2e-2);
+        check("dk", "gpu", compare(dk, ref.dk), 2e-2);
+        check("dv", "gpu", compare(dv, ref.dv), 2e-2);
+        if (pr.cpu_check) {
+          check("dq", "cpu", compare(dq, cpu.dq), 2e-2);
+          check("dk", "cpu", compare(dk, cpu.dk), 2e-2);
+          check("dv", "cpu", compare(dv, cpu.dv), 2e-2);
+        }
         check_reproducible(params);
       }
       // Every other forward kernel: output and LSE against the same reference, poisoned first.
@@ -942,8 +974,6 @@ int main(int argc, char** argv) {
       }
       use_fwd_kernel(c, default_fwd_index(c));
       if (pr.cpu_check) {
-        const Outputs cpu = cpu_reference(pr, bf16_to_float(c.q), bf16_to_float(c.k), bf16_to_float(c.v),
-                                          bf16_to_float(c.dout), c.scale);
         say("    (reference check: gpu fp32 reference vs float64 cpu)\n");
         check_outputs(ref, cpu, "cpu", 1e-4, 1e-4);
         check_outputs(ours, cpu, "cpu", 1e-2, 2e-2);
@@ -966,7 +996,8 @@ int main(int argc, char** argv) {
         say("| %s | %s | %.3f | %.0f |\n", r.name.c_str(), fwd_kernel_name(fwd_kernels()[i]), r.t.fwd_ms[i], r.fwd_tflops[i]);
       }
     }
-    say("\n| case | backward kernel | bwd ms | bwd: prep / +dkdv / +dq ms | bwd TFLOP/s |\n|---|---|---|---|---|\n");
+    say("\n(wgmma_atomic: prep = prep + accumulator memset + dQ convert, +dkdv = its one main kernel, +dq ~ 0)\n");
+    say("| case | backward kernel | bwd ms | bwd: prep / +dkdv / +dq ms | bwd TFLOP/s |\n|---|---|---|---|---|\n");
     for (const Row& r : table) {
       for (size_t i = 0; i < r.t.bwd.size(); ++i) {
         const BwdTiming& b = r.t.bwd[i];

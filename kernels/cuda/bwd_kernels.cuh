@@ -33,6 +33,7 @@ struct BwdScratch {
   QueryMaskRow* mask_rows = nullptr;    //!< [q_pad]
   WorkItem* schedule = nullptr;         //!< one per CTA of the main launch
   int32_t q_pad = 0;                    //!< q_len rounded up to 128 (every tiling's padded rows)
+  float* dq_accum = nullptr;            //!< wgmma_atomic only: [B, H, q_pad, D] fp32 dQ sums (unscaled)
 };
 
 //! log2-scaled LSE for recomputing P = 2^(S*scale*log2e - lse2). Rows that saw nothing have

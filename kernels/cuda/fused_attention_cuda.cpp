@@ -236,6 +236,20 @@ AutotuneKey tuning_key(const char* op, const FusedCudaState& state) {
   return AutotuneKey::attention(name, state.shape.head_dim, "bf16", state.mask_kind, state.shape.q_len, state.shape.kv_len);
 }
 
+//! With deterministic=true, a backward kernel forced by the call's options or HARNESS_CUDA_BWD_KERNEL
+//! must be a deterministic one: anything else is refused (before any work, from the forward).
+void require_deterministic_choice(const FusedCudaState& state) {
+  if (!state.deterministic) return;
+  const std::string forced = state.requested_bwd.empty() ? environment("HARNESS_CUDA_BWD_KERNEL") : state.requested_bwd;
+  kc::BwdKernel kernel;
+  if (kc::parse_bwd_kernel(forced, &kernel) && !kc::bwd_kernel_is_deterministic(kernel)) {
+    throw UnsupportedError(std::string(kWho) + ": backward kernel \"" + forced + "\" (" +
+                           (state.requested_bwd.empty() ? "HARNESS_CUDA_BWD_KERNEL" : "the call's options") +
+                           ") is not deterministic, but deterministic=true was asked; deterministic kernels: " +
+                           joined(kernel_names(kc::deterministic_bwd_kernels(), kc::bwd_kernel_name)));
+  }
+}
+
 class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
@@ -324,31 +338,46 @@ class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
     at::Tensor scratch;
     KernelPick pick;
+    // Scratch sized for `kernel` (wgmma_atomic adds its fp32 dQ accumulator), grown when needed.
+    auto with_scratch = [&](kc::BwdParams& trial) {
+      const auto need = static_cast<int64_t>(kc::bwd_scratch_bytes(trial.shape, trial.dq_blocks, trial.dkdv_blocks, trial.kernel));
+      if (!scratch.defined() || scratch.numel() < need) scratch = at::empty({need}, q.options().dtype(at::kByte));
+      trial.scratch = scratch.data_ptr();
+      trial.scratch_bytes = static_cast<size_t>(scratch.numel());
+    };
     launch([&] {
-      scratch = at::empty({static_cast<int64_t>(kc::bwd_scratch_bytes(params.shape, params.dq_blocks, params.dkdv_blocks))},
-                          q.options().dtype(at::kByte));
-      params.scratch = scratch.data_ptr();
-      params.scratch_bytes = static_cast<size_t>(scratch.numel());
-      static const std::vector<std::string> names = kernel_names(kc::bwd_kernels(), kc::bwd_kernel_name);
+      // deterministic=true: only the bitwise-reproducible kernels are candidates (own tuning key).
+      static const std::vector<std::string> all_names = kernel_names(kc::bwd_kernels(), kc::bwd_kernel_name);
+      static const std::vector<std::string> deterministic_names =
+          kernel_names(kc::deterministic_bwd_kernels(), kc::bwd_kernel_name);
+      const std::vector<std::string>& names = state->deterministic ? deterministic_names : all_names;
+      require_deterministic_choice(*state);  // checked in the forward already; the environment may have changed
       // Candidates write the real gradients (the chosen kernel overwrites them below), so tuning
       // adds no gradient-sized memory to the step.
       const TimingFunction time = [&](const std::string& name) {
         kc::BwdParams trial = params;
         kc::parse_bwd_kernel(name, &trial.kernel);
+        with_scratch(trial);
         return time_candidate_ms(stream, [&] { kc::run_attention_bwd(trial, stream); });
       };
-      pick = pick_kernel(state->requested_bwd, "HARNESS_CUDA_BWD_KERNEL", names, kc::bwd_kernel_name(kc::kDefaultBwdKernel),
-                         tuning_key("attention_bwd", *state), time, q.device().index());
+      pick = pick_kernel(state->requested_bwd, "HARNESS_CUDA_BWD_KERNEL", names,
+                         kc::bwd_kernel_name(kc::default_bwd_kernel(state->deterministic)),
+                         tuning_key(state->deterministic ? "attention_bwd_deterministic" : "attention_bwd", *state), time,
+                         q.device().index());
       kc::parse_bwd_kernel(pick.name, &params.kernel);
+      with_scratch(params);
       kc::run_attention_bwd(params, stream);
     });
     if (state->trace) {
-      state->trace->record({"attention_bwd", "fused_cuda", q.device().str(),
-                            std::string("fused backward: P recomputed from the LSE, dK/dV per kv block over the GQA "
-                                        "group's heads, dQ per q block; no atomics, bitwise deterministic (deterministic=") +
-                                (state->deterministic ? "true" : "false") + " costs nothing); kernel " + pick.name + " " +
-                                pick.how,
-                            kc::describe_bwd_config(state->shape, params.kernel), pick.name});
+      const bool bitwise = kc::bwd_kernel_is_deterministic(params.kernel);
+      state->trace->record(
+          {"attention_bwd", "fused_cuda", q.device().str(),
+           std::string("fused backward: P recomputed from the LSE, dK/dV per kv block over the GQA group's heads; ") +
+               (bitwise ? "dQ per q block, no atomics: bitwise deterministic"
+                        : "dQ summed in fp32 by atomic bulk adds (5 GEMMs per pair): NOT bitwise deterministic") +
+               " (deterministic=" + (state->deterministic ? "true" : "false") + " asked); kernel " + pick.name + " " +
+               pick.how,
+           kc::describe_bwd_config(state->shape, params.kernel), pick.name});
     }
     return {dq, dk, dv, at::Tensor()};
   }
@@ -401,6 +430,7 @@ at::Tensor fused_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, 
   state->deterministic = deterministic;
   state->trace = trace;
   state->requested_bwd = kernels.bwd;
+  require_deterministic_choice(*state);
   state->mask_kind = std::string(mask_kind_name(resolved.kind));
   state->anchors = mask.anchors(q.device());
   state->doc_id = mask.doc_id(q.device());

@@ -69,17 +69,21 @@ constexpr int64_t fwd_scratch_bytes(int64_t batch, int64_t heads, int64_t kv_hea
 }
 
 //! Backward scratch, in order: per-(batch, head, padded q row) statistics, per padded q row mask
-//! rows, then the merged schedule (dK/dV CTAs first, then dQ CTAs). Offsets are from the start.
+//! rows, then the merged schedule (dK/dV CTAs first, then dQ CTAs), then for wgmma_atomic its fp32
+//! dQ accumulator [B, H, q_pad, D]. Offsets are from the start.
 struct BwdScratch {
   int64_t row_stats = 0;  //!< offset of the float2 row statistics
   int64_t mask_rows = 0;  //!< offset of the QueryMaskRows
   int64_t schedule = 0;   //!< offset of the WorkItems
+  int64_t dq_accum = 0;        //!< offset of the fp32 dQ accumulator (wgmma_atomic)
+  int64_t dq_accum_bytes = 0;  //!< its size; 0 for the deterministic kernels
   int64_t bytes = 0;      //!< total
   int64_t dkdv_ctas = 0;
   int64_t dq_ctas = 0;
 };
+//! `dq_accum_head_dim`: the head dim when the kernel is wgmma_atomic (its accumulator), else 0.
 constexpr BwdScratch bwd_scratch(int64_t batch, int64_t heads, int64_t kv_heads, int64_t q_len, int64_t dq_num_q_blocks,
-                                 int64_t dkdv_num_kv_blocks) {
+                                 int64_t dkdv_num_kv_blocks, int64_t dq_accum_head_dim = 0) {
   const int64_t q_pad = padded_q_len(q_len);
   BwdScratch layout;
   layout.dkdv_ctas = dkdv_num_kv_blocks * kv_heads * batch;
@@ -87,7 +91,9 @@ constexpr BwdScratch bwd_scratch(int64_t batch, int64_t heads, int64_t kv_heads,
   layout.row_stats = 0;
   layout.mask_rows = align_scratch(batch * heads * q_pad * kRowStatBytes);
   layout.schedule = layout.mask_rows + align_scratch(q_pad * kQueryMaskRowBytes);
-  layout.bytes = layout.schedule + align_scratch((layout.dkdv_ctas + layout.dq_ctas) * kWorkItemBytes);
+  layout.dq_accum = layout.schedule + align_scratch((layout.dkdv_ctas + layout.dq_ctas) * kWorkItemBytes);
+  layout.dq_accum_bytes = batch * heads * q_pad * dq_accum_head_dim * 4;
+  layout.bytes = layout.dq_accum + align_scratch(layout.dq_accum_bytes);
   return layout;
 }
 

@@ -1,0 +1,343 @@
+#pragma once
+// Backward for Hopper with dQ summed by atomic adds (device code only): FlashAttention-3's
+// structure, written from the PTX ISA on top of this folder's deterministic wgmma backward.
+//
+// One CTA per (kv block of 128 keys, kv head, batch): one producer warpgroup (TMA) and two consumer
+// warpgroups, consumer c owning keys 64c..64c+63. K and V stay resident; the producer streams
+// (Q, per-row (lse2, delta), mask rows) and dO for every step = (head pack of the GQA group, listed
+// q block) of 64 packed query rows. Per step, keys as the M dimension (as in the dK/dV tile of
+// bwd_wgmma_kernels.cuh), five GEMMs:
+//   S^T = K Q^T, P^T = 2^(S^T scale log2e - lse2)       (smem x smem)
+//   dV += P^T dO                                         (P^T from registers)
+//   dP^T = V dO^T, dS^T = P^T (dP^T - delta)             (smem x smem)
+//   dK += dS^T Q                                         (dS^T from registers)
+//   dQ  = dS K (this step's 64 rows)                     (dS^T stored to smem, read M-major)
+// GQA: the CTA loops over every query head of its kv head's group itself, so dK and dV are
+// complete sums in registers when it ends (no atomics there, and the same TMA stores as the
+// deterministic kernel); only dQ, whose rows every kv block touches, is summed across CTAs.
+// dQ of a step goes registers -> an fp32 shared tile (16-byte chunks swizzled by row, so the
+// stores are bank-conflict free) -> one cp.reduce.async.bulk add.f32 per packed head into the fp32
+// accumulator [B, H, q_pad, D] (same chunk swizzle: the reduction is elementwise), issued by a
+// reducer thread of the producer warpgroup on an mbarrier handshake (dq_full / dq_empty), so the
+// consumers meet only once per step (dS^T of both halves is in; dS^T is double-buffered so that
+// one consumer may write the next while the other still reads this one).
+// attention_bwd_dq_convert_kernel then writes bf16 dQ.
+// dQ's fp32 sums depend on the order the CTAs' adds land in, so dQ is not bitwise reproducible
+// (dK and dV are).
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/attention_config.h"
+#include "kernels/cuda/attention_params.h"
+#include "kernels/cuda/bwd_kernels.cuh"
+#include "kernels/cuda/bwd_wgmma_kernels.cuh"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/fwd_kernel.cuh"
+#include "kernels/cuda/hopper_utils.cuh"
+#include "kernels/cuda/mask_device.cuh"
+#include "kernels/cuda/tile_math.cuh"
+#include "kernels/cuda/wgmma_ops.cuh"
+
+namespace harness::kernels::cuda::device {
+
+//! Byte offset of fp32 column `col` within row `row` of a dQ tile or accumulator (kHeadDim floats a
+//! row): 16-byte chunk c of row r sits at chunk c ^ (r % 8).
+__device__ __forceinline__ uint32_t dq_column_offset(int row, int col) {
+  return static_cast<uint32_t>((((col >> 2) ^ (row & 7)) << 4) + (col & 3) * 4);
+}
+
+//! Adds `bytes` of fp32 from shared memory to global memory elementwise (asynchronous, in the
+//! calling thread's bulk group).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+//! Waits until every committed bulk operation of this thread has finished reading shared memory.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+//! Waits until every committed bulk operation of this thread has completed.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+//! Barrier id of the two consumer warpgroups together (1 and 2 are each one's own).
+constexpr int kConsumersBarrier = 3;
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    attention_bwd_atomic_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ BwdTensorMaps maps,
+                                const BwdScratch scratch) {
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kHalves = kHeadDim / 64;
+  constexpr int kKeys = Cfg::kKeys;  // 128
+  constexpr int kRows = Cfg::kRows;  // 64 query rows per step
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem = (smem_address(smem_raw) + 1023u) & ~1023u;
+  const uint32_t s_k = smem + Cfg::kOffK;
+  const uint32_t s_v = smem + Cfg::kOffV;
+  const uint32_t s_q = smem + Cfg::kOffQ;    // kStages Q tiles
+  const uint32_t s_do = smem + Cfg::kOffDo;  // kStages dO tiles
+  const uint32_t s_ds = smem + Cfg::kOffDs;  // 2 x dS^T: kKeys rows x kRows queries, bf16, swizzled
+  const uint32_t s_dq = smem + Cfg::kOffDq;  // dQ: kRows x kHeadDim fp32, chunk-swizzled
+  const uint32_t s_stats = smem + Cfg::kOffStats;
+  const uint32_t s_masks = smem + Cfg::kOffMasks;
+  const BwdBarriers<kStages> bar{smem + Cfg::kOffBarriers};
+  // The dQ tile: written (every consumer thread arrives) / read by the reduction (the reducer).
+  const uint32_t dq_full = bar.base + 8u * (1 + 3 * kStages);
+  const uint32_t dq_empty = dq_full + 8u;
+
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 1 + 2 * kStages; ++i) mbarrier_init(bar.base + 8u * i, 1);  // resident, "full": the producer
+    for (int stage = 0; stage < kStages; ++stage) mbarrier_init(bar.empty(stage), 2 * 128);  // every consumer thread
+    mbarrier_init(dq_full, 2 * 128);
+    mbarrier_init(dq_empty, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  const WorkItem work = scratch.schedule[blockIdx.x];
+  const int kv_block = work.block;
+  const int kv_head = work.copy % p.shape.kv_heads;
+  const int batch = work.copy / p.shape.kv_heads;
+
+  const BlockListParams& blocks = p.dkdv_blocks;
+  const int block_m = blocks.block_m;
+  const int heads_packed = kRows / block_m;
+  const int group = p.shape.heads / p.shape.kv_heads;
+  const VisitList q_list = q_blocks_of(blocks, kv_block);
+  const int num_partial = q_list.num_partial, num_q_blocks = q_list.count;
+  // Steps run over (head pack, q block): every query head of the group, so dK/dV end complete.
+  const int num_steps = (group / heads_packed) * num_q_blocks;
+  auto q_block_at = [&](int step) { return step >= num_steps ? 0 : q_list.at(step % num_q_blocks); };
+  const int kv0 = kv_block * kKeys;
+
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  if (warpgroup == 0) {
+    // ---- Producer: one thread issues every copy (as in bwd_dkdv_wgmma_tile). ----
+    warpgroup_registers_decrease<Cfg::kProducerRegisters>();
+    if (threadIdx.x == 32) {
+      // ---- Reducer: adds each step's dQ tile to the fp32 accumulator, one bulk op per head. ----
+      for (int step = 0; step < num_steps; ++step) {
+        mbarrier_wait(dq_full, step & 1);
+        const int head0 = kv_head * group + (step / num_q_blocks) * heads_packed;
+        const int q0 = q_block_at(step) * block_m;
+        for (int h = 0; h < heads_packed; ++h) {
+          float* dst = scratch.dq_accum +
+                       ((static_cast<int64_t>(batch) * p.shape.heads + head0 + h) * scratch.q_pad + q0) * kHeadDim;
+          bulk_reduce_add_f32(dst, s_dq + h * block_m * kHeadDim * 4, block_m * kHeadDim * 4);
+        }
+        tma_store_commit();
+        bulk_wait_read();
+        mbarrier_arrive(dq_empty);
+      }
+      bulk_wait_all();
+      return;
+    }
+    if (threadIdx.x != 0) return;
+    mbarrier_arrive_expect_tx(bar.resident(), 2 * Cfg::kKvBytes);
+#pragma unroll
+    for (int half = 0; half < kHalves; ++half) {
+      tma_load_4d(s_k + half * kKeys * 128, &maps.k_dkdv, bar.resident(), half * 64, kv0, kv_head, batch);
+      tma_load_4d(s_v + half * kKeys * 128, &maps.v_dkdv, bar.resident(), half * 64, kv0, kv_head, batch);
+    }
+    int q_block = q_block_at(0);
+    for (int step = 0; step < num_steps; ++step) {
+      const int next = q_block_at(step + 1);
+      const int stage = step % kStages;
+      const int head0 = kv_head * group + (step / num_q_blocks) * heads_packed;
+      const int q0 = q_block * block_m;
+      mbarrier_wait(bar.empty(stage), ((step / kStages) & 1) ^ 1);
+      const uint32_t q_stage = s_q + stage * Cfg::kQBytes;
+      const uint32_t do_stage = s_do + stage * Cfg::kQBytes;
+      mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kQBytes + kRows * 8 + block_m * 32);
+#pragma unroll
+      for (int half = 0; half < kHalves; ++half) {
+        tma_load_4d(q_stage + half * kRows * 128, &maps.q_dkdv, bar.first(stage), half * 64, q0, head0, batch);
+      }
+      for (int h = 0; h < heads_packed; ++h) {
+        bulk_load(s_stats + stage * kRows * 8 + h * block_m * 8,
+                  scratch.row_stats + (static_cast<int64_t>(batch) * p.shape.heads + head0 + h) * scratch.q_pad + q0,
+                  block_m * 8, bar.first(stage));
+      }
+      bulk_load(s_masks + stage * kRows * 32, scratch.mask_rows + q0, block_m * 32, bar.first(stage));
+      mbarrier_arrive_expect_tx(bar.second(stage), Cfg::kQBytes);
+#pragma unroll
+      for (int half = 0; half < kHalves; ++half) {
+        tma_load_4d(do_stage + half * kRows * 128, &maps.dout_dkdv, bar.second(stage), half * 64, q0, head0, batch);
+      }
+      q_block = next;
+    }
+    return;
+  }
+
+  // ---- Consumers ----
+  warpgroup_registers_increase<Cfg::kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp_in_group = (static_cast<int>(threadIdx.x) >> 5) & 3;
+  const int first_key = consumer * 64 + warp_in_group * 16;  // this warp's 16 keys within the CTA's 128
+  const int my_kv[2] = {kv0 + first_key + (lane >> 2), kv0 + first_key + (lane >> 2) + 8};
+  const float scale_log2 = p.scale * kLog2e;
+  const uint32_t k_rows = s_k + consumer * 64 * 128;
+  const uint32_t v_rows = s_v + consumer * 64 * 128;
+
+  float acc_dk[kHeadDim / 8][4] = {};
+  float acc_dv[kHeadDim / 8][4] = {};
+  mbarrier_wait(bar.resident(), 0);
+  for (int step = 0; step < num_steps; ++step) {
+    const int stage = step % kStages;
+    const uint32_t parity = (step / kStages) & 1;
+    const uint32_t q_stage = s_q + stage * Cfg::kQBytes;
+    const uint32_t do_stage = s_do + stage * Cfg::kQBytes;
+    const float2* stats = reinterpret_cast<const float2*>(__cvta_shared_to_generic(s_stats + stage * kRows * 8));
+    const QueryMaskRow* masks = reinterpret_cast<const QueryMaskRow*>(__cvta_shared_to_generic(s_masks + stage * kRows * 32));
+
+    // S^T: this consumer's 64 keys x 64 query rows.
+    float st[kRows / 8][4];
+    mbarrier_wait(bar.first(stage), parity);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t k_offset = (kk % 4) * 32;
+      wgmma_ss<kRows, false>(st, smem_descriptor(k_rows + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
+                             smem_descriptor(q_stage + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(st);
+    if (step % num_q_blocks < num_partial) mask_scores_transposed<kRows>(st, masks, block_m - 1, p.mask.doc_id, my_kv);
+    probabilities_transposed<kRows>(st, stats, scale_log2);
+    uint32_t pt[kRows / 16][4];
+    to_a_fragments<kRows / 16>(pt, st);
+
+    // dV += P^T dO and dP^T = V dO^T, issued together.
+    float dpt[kRows / 8][4];
+    mbarrier_wait(bar.second(stage), parity);
+    fence_registers(acc_dv);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk) {
+      wgmma_rs<kHeadDim, true>(acc_dv, pt[kk], smem_descriptor(do_stage + kk * 16 * 128, kRows * 128, 1024), true);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t k_offset = (kk % 4) * 32;
+      wgmma_ss<kRows, false>(dpt, smem_descriptor(v_rows + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
+                             smem_descriptor(do_stage + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(acc_dv);
+    fence_registers(dpt);
+
+    // dS^T = P^T (dP^T - delta) as bf16 A fragments; also into shared memory for dQ = dS K.
+    score_gradients_transposed<kRows>(dpt, pt, stats);
+    uint32_t dst[kRows / 16][4];
+    to_a_fragments<kRows / 16>(dst, dpt);
+    // The consumers meet once per step, so dS^T alternates between two buffers (the other consumer
+    // may still read last step's while this one writes).
+    const uint32_t ds_tile = s_ds + (step & 1) * Cfg::kDsBytes;
+    {
+      // A fragment kk: registers 0/1 hold rows g / g+8 at columns 16kk + 2t, registers 2/3 the same
+      // rows at columns 16kk + 8 + 2t. The tile is kKeys rows of 64 queries (128 bytes), swizzled.
+      const int row = first_key + (lane >> 2);
+      const int col = (lane & 3) * 2;
+#pragma unroll
+      for (int kk = 0; kk < kRows / 16; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int key = row + (r & 1) * 8;
+          const int query = kk * 16 + (r >> 1) * 8 + col;
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(ds_tile + swizzled_offset(kKeys, key, query)), "r"(dst[kk][r])
+                       : "memory");
+        }
+      }
+    }
+    fence_async_shared();
+    // dK += dS^T Q, issued now; it runs while the consumers meet below.
+    fence_registers(acc_dk);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk) {
+      wgmma_rs<kHeadDim, true>(acc_dk, dst[kk], smem_descriptor(q_stage + kk * 16 * 128, kRows * 128, 1024), true);
+    }
+    wgmma_commit();
+    named_barrier_sync(kConsumersBarrier, 256);  // dS^T of all 128 keys is in s_ds
+
+    // dQ (64 rows x 64 columns per consumer) = dS (A: s_ds read M-major) x K (B: N-major). At
+    // D = 128 consumer c computes columns 64c..; at D = 64 the consumers take turns by step.
+    const bool does_dq = kHalves == 2 || (step & 1) == consumer;
+    const int dq_col0 = kHalves == 2 ? consumer * 64 : 0;
+    float acc_dq[Cfg::kDqColumns / 8][4];
+    if (does_dq) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        wgmma_ss_mn<Cfg::kDqColumns>(acc_dq, smem_descriptor(ds_tile + kk * 16 * 128, kRows * 128, 1024),
+                                     smem_descriptor(s_k + (dq_col0 / 64) * kKeys * 128 + kk * 16 * 128, kKeys * 128, 1024),
+                                     kk > 0);
+      }
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+    fence_registers(acc_dk);
+    if (does_dq) fence_registers(acc_dq);
+    mbarrier_arrive(bar.empty(stage));  // Q and dO of this stage are no longer read
+    mbarrier_wait(dq_empty, (step & 1) ^ 1);  // the reducer has read the last tile
+    if (does_dq) {
+      const int row = warp_in_group * 16 + (lane >> 2);
+#pragma unroll
+      for (int j = 0; j < Cfg::kDqColumns / 8; ++j) {
+        const int col = dq_col0 + j * 8 + (lane & 3) * 2;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(s_dq + (row + 8 * i) * kHeadDim * 4 + dq_column_offset(row + 8 * i, col)),
+                       "f"(acc_dq[j][2 * i]), "f"(acc_dq[j][2 * i + 1])
+                       : "memory");
+        }
+      }
+      fence_async_shared();
+    }
+    mbarrier_arrive(dq_full);
+  }
+  named_barrier_sync(kConsumersBarrier, 256);  // the other consumer's last dQ product no longer reads K
+
+  // Epilogue: this consumer's 64 keys of dK (scaled) and dV, through its own rows of K and V.
+  named_barrier_sync(1 + consumer, 128);
+  store_consumer_rows<kHeadDim>(acc_dk, p.scale, s_k, kKeys, consumer * 64, consumer, &maps.dk, kv0 + consumer * 64, kv_head,
+                                batch);
+  store_consumer_rows<kHeadDim>(acc_dv, 1.f, s_v, kKeys, consumer * 64, consumer, &maps.dv, kv0 + consumer * 64, kv_head,
+                                batch);
+}
+
+//! dQ = scale * accumulator, as bf16 (rows q < q_len of every (batch, head)).
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    attention_bwd_dq_convert_kernel(const __grid_constant__ BwdParams p, const BwdScratch scratch) {
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kPerRow = Cfg::kThreadsPerRow;
+  const int64_t rows_total = static_cast<int64_t>(p.shape.batch) * p.shape.heads * p.shape.q_len;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * Cfg::kRowsPerCta + threadIdx.x / kPerRow;
+  if (row >= rows_total) return;
+  const int col = (static_cast<int>(threadIdx.x) % kPerRow) * 8;
+  const int q = static_cast<int>(row % p.shape.q_len);
+  const int64_t bh = row / p.shape.q_len;
+  const int head = static_cast<int>(bh % p.shape.heads);
+  const int batch = static_cast<int>(bh / p.shape.heads);
+  const unsigned char* accum_row =
+      reinterpret_cast<const unsigned char*>(scratch.dq_accum + (bh * scratch.q_pad + q) * kHeadDim);
+  // The tiles' chunk swizzle keys on the tile row, whose low 3 bits are q's (q blocks start at
+  // multiples of 16), so the accumulator row of q is swizzled by q % 8.
+  const float4 a = *reinterpret_cast<const float4*>(accum_row + dq_column_offset(q, col));
+  const float4 b = *reinterpret_cast<const float4*>(accum_row + dq_column_offset(q, col + 4));
+  uint4 out;
+  out.x = pack_bf16(a.x * p.scale, a.y * p.scale);
+  out.y = pack_bf16(a.z * p.scale, a.w * p.scale);
+  out.z = pack_bf16(b.x * p.scale, b.y * p.scale);
+  out.w = pack_bf16(b.z * p.scale, b.w * p.scale);
+  *reinterpret_cast<uint4*>(const_cast<__nv_bfloat16*>(row_pointer(p.dq, batch, head, q)) + col) = out;
+}
+
+}  // namespace harness::kernels::cuda::device
