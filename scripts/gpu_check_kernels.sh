@@ -6,7 +6,9 @@
 #      wgmma / mma; dK, dV bitwise and dQ to rounding for wgmma_atomic), then the timing tables;
 #   2. the [cuda] Catch2 cases of tests/test_attention_cuda.cpp (wgmma_atomic forced through the
 #      options against the dense reference at real and awkward dims; deterministic=true never runs
-#      it and refuses it when forced; bitwise reproducibility of the deterministic path).
+#      it and refuses it when forced; bitwise reproducibility of the deterministic path);
+#   3. the self-test with --experimental --quick: the forward ping-pong kernel (never run before;
+#      reported apart, not part of the exit status: a failure there means it stays experimental).
 # Logs go to $OUT (or ./gpu_check_kernels.out). Exit status: 0 only when both pass.
 # Expected: self-test "PASSED: 0 failed checks"; wgmma_atomic bwd ms below wgmma's on every REAL
 # case (PERF_NOTES v4: 0.345 / 1.25 / 1.76 vs 0.358 / 1.32 / 1.91); Catch2 "All tests passed".
@@ -26,4 +28,8 @@ timeout 400 "$build_dir/tests/harness_torch_tests" "[cuda]" > "$out/catch_cuda.l
 catch_rc=$?
 tail -5 "$out/catch_cuda.log"
 echo "catch [cuda] rc=$catch_rc"
+timeout 200 "$selftest" --experimental --quick --log "$out/selftest_experimental.log" > /dev/null
+echo "experimental (wgmma_m128_n128_pingpong) rc=$? (124 = timed out)"
+grep -A2 "pingpong forward, experimental" "$out/selftest_experimental.log" | grep -c FAIL | sed 's/^/experimental FAIL lines: /'
+grep "pingpong" "$out/selftest_experimental.log" | grep "^|"
 [[ $selftest_rc -eq 0 && $catch_rc -eq 0 ]]

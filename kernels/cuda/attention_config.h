@@ -18,6 +18,11 @@ enum class FwdKernel : int32_t {
   wgmma_m128_n128 = 1,  //!< TMA + wgmma, warp-specialized, 2 consumer warpgroups, 128-key tiles (fwd_wgmma_kernel.cuh)
   wgmma_m128_n64 = 2,   //!< same, 64-key tiles
   wgmma_m64_n64 = 3,    //!< same, 1 consumer warpgroup of 64 rows, 64-key tiles, 2 CTAs per SM
+  //! EXPERIMENTAL (written, never run on a GPU; not an autotuner candidate, not accepted by the
+  //! LibTorch boundary; the self-test checks and times it with --experimental): wgmma_m128_n128
+  //! with FlashAttention-3's schedule, PV of the previous step issued with S of this one, the two
+  //! consumer warpgroups taking turns to issue their MMAs (ping-pong).
+  wgmma_m128_n128_pingpong = 4,
 };
 
 //! The backward kernels (autotuner candidates); all read the dK/dV BlockMask, the first two the
@@ -43,6 +48,7 @@ constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
     case FwdKernel::wgmma_m128_n128: return {128, 128};
     case FwdKernel::wgmma_m128_n64: return {128, 64};
     case FwdKernel::wgmma_m64_n64: return {64, 64};
+    case FwdKernel::wgmma_m128_n128_pingpong: return {128, 128};
   }
   return {128, 64};
 }
@@ -53,6 +59,7 @@ constexpr const char* fwd_kernel_label(FwdKernel kernel) {
     case FwdKernel::wgmma_m128_n128: return "wgmma_m128_n128";
     case FwdKernel::wgmma_m128_n64: return "wgmma_m128_n64";
     case FwdKernel::wgmma_m64_n64: return "wgmma_m64_n64";
+    case FwdKernel::wgmma_m128_n128_pingpong: return "wgmma_m128_n128_pingpong";
   }
   return "unknown";
 }
@@ -63,6 +70,8 @@ constexpr FwdKernel kFwdKernels[] = {FwdKernel::wgmma_m128_n128, FwdKernel::wgmm
 //! 0.520 ms against 0.595 / 0.613 / 1.313 for the others) and within 22% of the best on dflash
 //! (0.135 ms against wgmma_m64_n64's 0.111 at 128 anchors), which the autotuner picks there.
 constexpr FwdKernel kDefaultFwdKernel = kFwdKernels[0];
+//! Forward kernels that exist but are no candidates yet (see FwdKernel).
+constexpr FwdKernel kExperimentalFwdKernels[] = {FwdKernel::wgmma_m128_n128_pingpong};
 
 constexpr const char* bwd_kernel_label(BwdKernel kernel) {
   switch (kernel) {
@@ -127,9 +136,11 @@ struct FwdConfig {
 
 //! Warp-specialized Hopper forward (fwd_wgmma_kernel.cuh): one producer warpgroup (TMA) and
 //! kConsumers warpgroups of 64 query rows (wgmma m64), K/V in a kStages-deep ring of kBlockN keys.
-template <int kHeadDim_, int kBlockN_, int kConsumers_, int kStages_, int kMinBlocksPerSm_>
+template <int kHeadDim_, int kBlockN_, int kConsumers_, int kStages_, int kMinBlocksPerSm_, bool kPingPong_ = false>
 struct FwdWgmmaConfig {
   static constexpr int kHeadDim = kHeadDim_;
+  //! FlashAttention-3's consumer schedule (two consumers only): see fwd_wgmma_kernel.cuh.
+  static constexpr bool kPingPong = kPingPong_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kStages = kStages_;
@@ -151,6 +162,7 @@ struct FwdWgmmaConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(kBlockN == 64 || kBlockN == 128, "wgmma N of 64 or 128 keys");
   static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
+  static_assert(!kPingPong || kConsumers == 2, "ping-pong takes two consumer warpgroups");
   static_assert(kMinBlocksPerSm * (128 * kProducerRegisters + kConsumers * 128 * kConsumerRegisters) <= 65536,
                 "register budget of the SM");
   static_assert(kMinBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024,

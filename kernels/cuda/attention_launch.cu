@@ -200,6 +200,8 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
       return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 64, 2, 3, 1>>(params, tile, schedule, ctas, stream);
     case FwdKernel::wgmma_m64_n64:
       return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 64, 1, 2, 2>>(params, tile, schedule, ctas, stream);
+    case FwdKernel::wgmma_m128_n128_pingpong:
+      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 128, 2, 2, 1, true>>(params, tile, schedule, ctas, stream);
   }
   throw UnsupportedConfig("fused_cuda attention: unknown forward kernel " + std::to_string(static_cast<int>(params.kernel)));
 }
@@ -366,6 +368,9 @@ std::string describe_fwd_config(const AttentionShape& shape, FwdKernel kernel) {
       return tile + " TMA producer + 2 wgmma consumer warpgroups, K/V ring x3, longest first";
     case FwdKernel::wgmma_m64_n64:
       return tile + " TMA producer + 1 wgmma consumer warpgroup, K/V ring x2, 2 CTAs/SM, longest first";
+    case FwdKernel::wgmma_m128_n128_pingpong:
+      return tile + " TMA producer + 2 wgmma consumer warpgroups in ping-pong, P V issued with the next S, K/V ring x2, "
+                    "longest first (EXPERIMENTAL)";
   }
   return tile;
 }

@@ -8,9 +8,10 @@
 //
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I. kernels/cuda/attention_selftest.cu
 //        kernels/cuda/attention_launch.cu -o attention_selftest      (one command line)
-//   ./attention_selftest [--quick | --small | --tiny] [--log FILE]
+//   ./attention_selftest [--quick | --small | --tiny] [--experimental] [--log FILE]
 // --quick skips the two larger real-dims cases, --small every real-dims case (for
-// compute-sanitizer), --tiny runs the first small case only.
+// compute-sanitizer), --tiny runs the first small case only. --experimental also checks and times
+// the kernels of kExperimentalFwdKernels (not autotuner candidates yet).
 // Exit status 0 only when every check passes.
 
 #include <cuda_bf16.h>
@@ -733,6 +734,21 @@ Errors compare_lse(const std::vector<float>& ours, const std::vector<float>& ref
 }
 
 int g_failures = 0;
+bool g_experimental = false;
+
+//! Points c.fwd at experimental forward kernel `kernel`, with the BlockMask of the candidate kernel
+//! of the same tiling.
+void use_experimental_fwd_kernel(Case& c, FwdKernel kernel) {
+  for (size_t i = 0; i < fwd_kernels().size(); ++i) {
+    const FwdKernelTiling a = fwd_kernel_tiling(fwd_kernels()[i]), b = fwd_kernel_tiling(kernel);
+    if (a.rows == b.rows && a.block_n == b.block_n) {
+      c.fwd.kernel = kernel;
+      c.fwd.blocks = c.fwd_blocks[i]->params;
+      return;
+    }
+  }
+  throw std::runtime_error(std::string("no candidate forward kernel has the tiling of ") + fwd_kernel_name(kernel));
+}
 
 bool check(const char* what, const char* against, const Errors& e, double tol) {
   const bool ok = e.nonfinite == 0 && e.rel_l2 <= tol;
@@ -765,7 +781,7 @@ struct BwdTiming {
   double bwd_ms = 0, prep_dkdv_dq_ms[3] = {0, 0, 0};
 };
 struct Timing {
-  std::vector<double> fwd_ms;  //!< per forward kernel, fwd_kernels() order
+  std::vector<double> fwd_ms;  //!< per forward kernel, fwd_kernels() order, then the experimental ones (--experimental)
   std::vector<BwdTiming> bwd;  //!< per backward kernel, bwd_kernels() order
 };
 
@@ -797,6 +813,12 @@ Timing time_case(Case& c, int reps) {
   for (size_t i = 0; i < fwd_kernels().size(); ++i) {
     use_fwd_kernel(c, i);
     t.fwd_ms.push_back(time_one([&] { run_attention_fwd(c.fwd, nullptr); }));
+  }
+  if (g_experimental) {
+    for (FwdKernel kernel : kExperimentalFwdKernels) {
+      use_experimental_fwd_kernel(c, kernel);
+      t.fwd_ms.push_back(time_one([&] { run_attention_fwd(c.fwd, nullptr); }));
+    }
   }
   use_fwd_kernel(c, default_fwd_index(c));
   for (BwdKernel kernel : bwd_kernels()) {
@@ -846,6 +868,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--small")) small = true;
     if (!std::strcmp(argv[i], "--tiny")) tiny = true;
+    if (!std::strcmp(argv[i], "--experimental")) g_experimental = true;
     if (!std::strcmp(argv[i], "--log") && i + 1 < argc) g_log = std::fopen(argv[++i], "w");
   }
   try {
@@ -972,6 +995,17 @@ int main(int argc, char** argv) {
         say("    [%s forward]\n", fwd_kernel_name(c.fwd.kernel));
         check_forward(bf16_to_float(c.d_o.download()), c.d_lse.download(), ref, "gpu", 1e-2);
       }
+      if (g_experimental) {
+        for (FwdKernel kernel : kExperimentalFwdKernels) {
+          poison(c);
+          use_experimental_fwd_kernel(c, kernel);
+          run_attention_fwd(c.fwd, nullptr);
+          HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
+          say("    [%s forward, experimental]\n", fwd_kernel_name(kernel));
+          check_forward(bf16_to_float(c.d_o.download()), c.d_lse.download(), ref, "gpu", 1e-2);
+          if (pr.cpu_check) check_forward(bf16_to_float(c.d_o.download()), c.d_lse.download(), cpu, "cpu", 1e-2);
+        }
+      }
       use_fwd_kernel(c, default_fwd_index(c));
       if (pr.cpu_check) {
         say("    (reference check: gpu fp32 reference vs float64 cpu)\n");
@@ -993,7 +1027,8 @@ int main(int argc, char** argv) {
     say("| case | forward kernel | fwd ms | fwd TFLOP/s |\n|---|---|---|---|\n");
     for (const Row& r : table) {
       for (size_t i = 0; i < r.t.fwd_ms.size(); ++i) {
-        say("| %s | %s | %.3f | %.0f |\n", r.name.c_str(), fwd_kernel_name(fwd_kernels()[i]), r.t.fwd_ms[i], r.fwd_tflops[i]);
+        const FwdKernel kernel = i < fwd_kernels().size() ? fwd_kernels()[i] : kExperimentalFwdKernels[i - fwd_kernels().size()];
+        say("| %s | %s | %.3f | %.0f |\n", r.name.c_str(), fwd_kernel_name(kernel), r.t.fwd_ms[i], r.fwd_tflops[i]);
       }
     }
     say("\n(wgmma_atomic: prep = prep + accumulator memset + dQ convert, +dkdv = its one main kernel, +dq ~ 0)\n");

@@ -135,6 +135,121 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
 
   int kv_block = kv_block_at(0);
   mbarrier_wait(q_full, 0);
+  if constexpr (Cfg::kPingPong) {
+    // FlashAttention-3's schedule. Step j issues S_j = Q K_j^T together with O += P_{j-1} V_{j-1}
+    // (so the tensor cores have the next product while this warpgroup does softmax), and the two
+    // consumers take turns to issue: consumer c waits on named barrier kTurn + c, which the other
+    // arrives at once it has issued its own products; consumer 1 grants the first turn. With n
+    // steps each consumer takes n + 1 turns (S_0; S_j + PV_{j-1}; PV_{n-1}) and grants as many,
+    // except that consumer 1 skips its last grant (consumer 0 has no turn left) having granted
+    // the first: every wait pairs with one arrival, and an arrival can run at most one ahead. The
+    // first and last turns are peeled so that every wgmma of the loop is issued unconditionally
+    // (ptxas serializes wgmma issued on divergent paths).
+    constexpr int kTurn = 4;  // ids 4 and 5 (1 and 2 are the epilogue's)
+    const int other = 1 - consumer;
+    uint32_t p_frag[kBlockN / 16][4];  // P of the previous step
+    float s[kBlockN / 8][4];
+    // The issue helpers wait for nothing: each turn waits for its tiles before its first wgmma, so
+    // no wait loop sits between two in-flight products.
+    auto wait_k = [&](int step) { mbarrier_wait(k_full(step % kStages), (step / kStages) & 1); };
+    auto wait_v = [&](int step) { mbarrier_wait(v_full(step % kStages), (step / kStages) & 1); };
+    auto issue_s = [&](int step) {
+      const uint32_t k_stage = s_k + (step % kStages) * Cfg::kKvBytes;
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint32_t k_offset = (kk % 4) * 32;
+        const uint64_t desc_q = smem_descriptor(q_rows + (kk / 4) * kBlockM * 128 + k_offset, 16, 1024);
+        const uint64_t desc_k = smem_descriptor(k_stage + (kk / 4) * kBlockN * 128 + k_offset, 16, 1024);
+        wgmma_ss<kBlockN, false>(s, desc_q, desc_k, kk > 0);
+      }
+      wgmma_commit();
+    };
+    auto issue_pv = [&](int step) {
+      const uint32_t v_stage = s_v + (step % kStages) * Cfg::kKvBytes;
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        wgmma_rs<kHeadDim, true>(acc_o, p_frag[kk], smem_descriptor(v_stage + kk * 16 * 128, kBlockN * 128, 1024), true);
+      }
+      wgmma_commit();
+    };
+    // After S_step is in: mask, softmax (O's factor in corr, applied once P V of the last step is
+    // done). The mask goes through a bit set and is applied to every block unconditionally: S is
+    // then never written on a divergent path while P V runs (ptxas would serialize the wgmma).
+    static_assert(kBlockN / 2 <= 64, "one bit per score of this thread");
+    auto softmax = [&](int step, float (&corr)[2]) {
+      fence_registers(s);
+      const int kv0 = kv_block_at(step) * kBlockN;
+      uint64_t keep = ~uint64_t{0};
+      if (step < num_partial || kv0 + kBlockN > kv_len) {
+        keep = 0;
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (visible(row_mask[e >> 1], p.mask.doc_id, kv0 + tile_column(j, e))) keep |= uint64_t{1} << (4 * j + e);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = (keep >> (4 * j + e)) & 1 ? s[j][e] : -INFINITY;
+      }
+      online_softmax_scores<kBlockN>(s, row_max, row_sum, scale_log2, corr);
+    };
+    auto rescale_and_pack = [&](const float (&corr)[2]) {
+#pragma unroll
+      for (int d = 0; d < kHeadDim / 8; ++d) {
+        acc_o[d][0] *= corr[0];
+        acc_o[d][1] *= corr[0];
+        acc_o[d][2] *= corr[1];
+        acc_o[d][3] *= corr[1];
+      }
+      to_a_fragments<kBlockN / 16>(p_frag, s);
+    };
+    if (num_blocks > 0) {
+      if (consumer == 1) named_barrier_arrive(kTurn + 0, 256);
+      {  // turn 0: S_0
+        float corr[2];
+        named_barrier_sync(kTurn + consumer, 256);
+        wait_k(0);
+        wgmma_fence();
+        issue_s(0);
+        named_barrier_arrive(kTurn + other, 256);
+        wgmma_wait<0>();
+        softmax(0, corr);
+        rescale_and_pack(corr);
+      }
+      for (int step = 1; step < num_blocks; ++step) {  // turn step: S_step and P V of step - 1
+        float corr[2];
+        named_barrier_sync(kTurn + consumer, 256);
+        wait_k(step);
+        wait_v(step - 1);
+        fence_registers(acc_o);
+        wgmma_fence();
+        issue_s(step);
+        issue_pv(step - 1);
+        named_barrier_arrive(kTurn + other, 256);
+        wgmma_wait<1>();  // S is in; P V may still run
+        softmax(step, corr);
+        wgmma_wait<0>();
+        fence_registers(acc_o);
+        mbarrier_arrive(kv_empty((step - 1) % kStages));  // this thread is done with the previous stage
+        rescale_and_pack(corr);
+      }
+      {  // turn n: P V of the last step
+        named_barrier_sync(kTurn + consumer, 256);
+        wait_v(num_blocks - 1);
+        fence_registers(acc_o);
+        wgmma_fence();
+        issue_pv(num_blocks - 1);
+        if (consumer == 0) named_barrier_arrive(kTurn + other, 256);
+        wgmma_wait<0>();
+        fence_registers(acc_o);
+        mbarrier_arrive(kv_empty((num_blocks - 1) % kStages));
+      }
+    }
+  } else
   for (int step = 0; step < num_blocks; ++step) {
     const int next = kv_block_at(step + 1);
     const int stage = step % kStages;

@@ -95,6 +95,33 @@ __device__ __forceinline__ void online_softmax(float (&s)[kCols / 8][4], float (
   }
 }
 
+//! online_softmax without touching O: returns in corr the factor O must be scaled by once the
+//! MMAs still adding to it (the previous step's P V) are done.
+template <int kCols>
+__device__ __forceinline__ void online_softmax_scores(float (&s)[kCols / 8][4], float (&row_max)[2], float (&row_sum)[2],
+                                                      float scale_log2, float (&corr)[2]) {
+  float base[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float m = row_max[i];
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) m = fmaxf(m, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+    m = quad_max(m);
+    base[i] = m == -INFINITY ? 0.f : m * scale_log2;
+    corr[i] = row_max[i] == -INFINITY ? 0.f : exp2_approx(row_max[i] * scale_log2 - base[i]);
+    row_max[i] = m;
+    row_sum[i] *= corr[i];
+  }
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[j][e] = exp2_approx(fmaf(s[j][e], scale_log2, -base[e >> 1]));
+      row_sum[e >> 1] += s[j][e];
+    }
+  }
+}
+
 //! Backward, S -> P = 2^(S scale log2e - lse2) with the rows' log2-scaled LSE.
 template <int kCols>
 __device__ __forceinline__ void probabilities(float (&s)[kCols / 8][4], const float (&row_lse2)[2], float scale_log2) {
