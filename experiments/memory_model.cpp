@@ -129,6 +129,7 @@ struct Dims {
   int64_t elem;
   int64_t layers;
   kernels::cuda::FwdKernel cuda_fwd = kernels::cuda::kDefaultFwdKernel;  //!< the CUDA forward kernel that runs
+  kernels::cuda::BwdKernel cuda_bwd = kernels::cuda::kDefaultBwdKernel;  //!< the CUDA backward kernel that runs
 };
 
 Dims dims_of(const spec::Spec& spec) {
@@ -153,8 +154,10 @@ int64_t cuda_fwd_scratch(const Dims& d) {
   return tiling::fwd_scratch_bytes(d.batch, d.heads, d.kv_heads, ceil_div(d.q_len, cuda_fwd_tile(d).block_m), d.cuda_fwd);
 }
 int64_t cuda_bwd_scratch(const Dims& d) {
+  // wgmma_atomic sums dQ in an fp32 accumulator [B, H, Q_pad, D] at the end of the scratch.
+  const int64_t dq_accum_head_dim = d.cuda_bwd == kernels::cuda::BwdKernel::wgmma_atomic ? d.head_dim : 0;
   return tiling::bwd_scratch(d.batch, d.heads, d.kv_heads, d.q_len, ceil_div(d.q_len, cuda_dq_tile(d).block_m),
-                             ceil_div(d.kv_len, cuda_dkdv_tile(d).block_n))
+                             ceil_div(d.kv_len, cuda_dkdv_tile(d).block_n), dq_accum_head_dim)
       .bytes;
 }
 
@@ -178,9 +181,10 @@ struct Grads {
 class StepBuilder {
  public:
   StepBuilder(const spec::Spec& spec, const std::string& impl, const std::string& device_kind, int cpu_threads,
-              kernels::cuda::FwdKernel cuda_fwd)
+              kernels::cuda::FwdKernel cuda_fwd, kernels::cuda::BwdKernel cuda_bwd)
       : spec_(spec), d_(dims_of(spec)), impl_(impl), cuda_(device_kind == "cuda"), threads_(cpu_threads) {
     d_.cuda_fwd = cuda_fwd;
+    d_.cuda_bwd = cuda_bwd;
   }
 
   Trace build(int iterations) {
@@ -406,8 +410,9 @@ class StepBuilder {
     g.dk = trace_.alloc(grad_kind("dk", kv_shape(), "B·H_KV·KV·D·"), layer);
     g.dv = trace_.alloc(grad_kind("dv", kv_shape(), "B·H_KV·KV·D·"), layer);
     const int scratch = trace_.alloc(trace_.kind("bwd scratch", {cuda_bwd_scratch(d_)}, "uint8",
-                                                 "B·H·Q_pad·8 + Q_pad·32 + CTAs·8, each 256-aligned",
-                                                 "per-row (lse, delta), per-query mask rows, CTA schedule"), layer);
+                                                 "B·H·Q_pad·8 + Q_pad·32 + CTAs·8 (+ B·H·Q_pad·D·4), each 256-aligned",
+                                                 "per-row (lse, delta), per-query mask rows, CTA schedule (and "
+                                                 "wgmma_atomic's fp32 dQ accumulator)"), layer);
     trace_.free(scratch);
     trace_.free(s.lse);
     return g;
@@ -580,23 +585,28 @@ int resolve_threads(const ModelOptions& options) {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-//! ModelOptions::cuda_fwd_kernel as the kernels' enum ("" is the untuned default).
-kernels::cuda::FwdKernel cuda_fwd_kernel(const ModelOptions& options) {
-  if (options.cuda_fwd_kernel.empty()) return kernels::cuda::kDefaultFwdKernel;
-  kernels::cuda::FwdKernel kernel{};
-  if (kernels::cuda::kernel_from_label(options.cuda_fwd_kernel, kernels::cuda::kFwdKernels, kernels::cuda::fwd_kernel_label,
-                                       &kernel))
-    return kernel;
+//! A kernel label of the dispatch trace as the kernels' enum ("" is the untuned default);
+//! std::invalid_argument naming the known labels otherwise.
+template <typename Kernel, size_t kCount>
+Kernel cuda_kernel(const std::string& label, const Kernel (&candidates)[kCount], const char* (*name)(Kernel),
+                   Kernel untuned, const char* which) {
+  if (label.empty()) return untuned;
+  Kernel kernel{};
+  if (kernels::cuda::kernel_from_label(label, candidates, name, &kernel)) return kernel;
   std::string known;
-  for (const kernels::cuda::FwdKernel k : kernels::cuda::kFwdKernels)
-    known += (known.empty() ? "" : ", ") + std::string(kernels::cuda::fwd_kernel_label(k));
-  throw std::invalid_argument("memory model: unknown CUDA forward kernel \"" + options.cuda_fwd_kernel + "\"; known: " + known);
+  for (const Kernel k : candidates) known += (known.empty() ? "" : ", ") + std::string(name(k));
+  throw std::invalid_argument("memory model: unknown CUDA " + std::string(which) + " kernel \"" + label + "\"; known: " + known);
 }
 
 Trace build_trace(const spec::Spec& spec, const std::string& impl, const std::string& device_kind, const ModelOptions& options,
                   int iterations) {
   if (impl != "dense" && impl != "fused") throw std::invalid_argument("memory model: unknown impl \"" + impl + "\"");
-  return StepBuilder(spec, impl, device_kind, resolve_threads(options), cuda_fwd_kernel(options)).build(iterations);
+  namespace kc = kernels::cuda;
+  const kc::FwdKernel fwd =
+      cuda_kernel(options.cuda_fwd_kernel, kc::kFwdKernels, kc::fwd_kernel_label, kc::kDefaultFwdKernel, "forward");
+  const kc::BwdKernel bwd =
+      cuda_kernel(options.cuda_bwd_kernel, kc::kBwdKernels, kc::bwd_kernel_label, kc::kDefaultBwdKernel, "backward");
+  return StepBuilder(spec, impl, device_kind, resolve_threads(options), fwd, bwd).build(iterations);
 }
 
 // ---- Replays -----------------------------------------------------------------------------------

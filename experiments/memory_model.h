@@ -63,6 +63,9 @@ struct ModelOptions {
   //! CUDA fused: the forward kernel that ran (its tiling sets the BlockMask and the schedule
   //! scratch), as the dispatch trace names it; "" is the untuned default.
   std::string cuda_fwd_kernel;
+  //! CUDA fused: the backward kernel that ran, as the dispatch trace names it (wgmma_atomic adds its
+  //! fp32 dQ accumulator to the scratch); "" is the untuned default (kernels/cuda/attention_config.h).
+  std::string cuda_bwd_kernel;
 };
 
 //! Predicted allocations and peaks of one variant of an attention_step spec (spec.dims, spec.dtype,

@@ -109,12 +109,12 @@ void check_fail_on(const std::vector<std::string>& fail_on) {
   }
 }
 
-// The CUDA forward kernel a fused trial ran, from its dispatch records, or "" when it ran none
-// (dense, CPU, failed before the forward).
-std::string cuda_fwd_kernel_of(const nlohmann::json& dispatch) {
+// The CUDA kernel a fused trial ran for `op` (attention_fwd, attention_bwd), from its dispatch
+// records, or "" when it ran none (dense, CPU, failed before that phase).
+std::string cuda_kernel_of(const nlohmann::json& dispatch, const std::string& op) {
   if (!dispatch.is_array()) return "";
   for (const auto& record : dispatch) {
-    if (record.is_object() && record.value("op", "") == "attention_fwd" && record.value("impl", "") == "fused_cuda")
+    if (record.is_object() && record.value("op", "") == op && record.value("impl", "") == "fused_cuda")
       return record.value("kernel", "");
   }
   return "";
@@ -122,12 +122,14 @@ std::string cuda_fwd_kernel_of(const nlohmann::json& dispatch) {
 
 // The memory model's prediction for each attention variant at each point, stored as metrics beside
 // the measured peaks so that `show`, diff and writeups put them side by side. On CUDA it models
-// the forward kernel the trial's autotuner picked (its tiling sets the schedule scratch).
+// the kernels the trial's autotuner picked (the forward's tiling sets the schedule scratch, the
+// backward's kind whether a dQ accumulator is allocated).
 std::vector<db::Metric> model_metrics(const spec::Spec& point_spec, const nlohmann::json& point,
                                       const std::string& variant, const std::string& device,
                                       const nlohmann::json& dispatch) {
   memory_model::ModelOptions model_options;
-  model_options.cuda_fwd_kernel = cuda_fwd_kernel_of(dispatch);
+  model_options.cuda_fwd_kernel = cuda_kernel_of(dispatch, "attention_fwd");
+  model_options.cuda_bwd_kernel = cuda_kernel_of(dispatch, "attention_bwd");
   memory_model::Prediction prediction;
   const std::string device_kind = device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
   try {

@@ -53,15 +53,18 @@ bool prints_as(int64_t bytes, double shown, double unit, int digits) {
 TEST_CASE("model reproduces the peaks measured on the H200 at the real dims", "[memory_model]") {
   // docs/BENCHMARKS.md, bwd_fusion on the H200 (128 anchors, 1 layer): dense fwd 5.57 GiB, bwd 7.42 GiB;
   // fused fwd 16.3 MiB, bwd 56.6 MiB. At 512 anchors and 5 layers: fused fwd 325 MiB, bwd 638 MiB.
+  // Measured with the deterministic wgmma backward, the default of that session's build.
+  mm::ModelOptions measured_kernels;
+  measured_kernels.cuda_bwd_kernel = "wgmma";
   const Spec one = real();
-  const auto dense = mm::predict(one, "dense", "cuda");
-  const auto fused = mm::predict(one, "fused", "cuda");
+  const auto dense = mm::predict(one, "dense", "cuda", measured_kernels);
+  const auto fused = mm::predict(one, "fused", "cuda", measured_kernels);
   CHECK(prints_as(dense.fwd_peak_bytes, 5.57, kGiB, 2));
   CHECK(prints_as(dense.bwd_peak_bytes, 7.42, kGiB, 2));
   CHECK(prints_as(fused.fwd_peak_bytes, 16.3, kMiB, 1));
   CHECK(prints_as(fused.bwd_peak_bytes, 56.6, kMiB, 1));
   const Spec big = real({"dims.anchors=512", "dims.layers=5"});
-  const auto fused_big = mm::predict(big, "fused", "cuda");
+  const auto fused_big = mm::predict(big, "fused", "cuda", measured_kernels);
   CHECK(prints_as(fused_big.fwd_peak_bytes, 325, kMiB, 0));
   CHECK(prints_as(fused_big.bwd_peak_bytes, 638, kMiB, 0));
 }
@@ -111,8 +114,10 @@ TEST_CASE("layers stack the saved tensors in the forward, not the dense backward
 }
 
 TEST_CASE("fused: a layer keeps its output and LSE; the backward adds the gradients", "[memory_model]") {
-  const auto one = mm::predict(real(), "fused", "cuda");
-  const auto five = mm::predict(real({"dims.layers=5"}), "fused", "cuda");
+  mm::ModelOptions deterministic;
+  deterministic.cuda_bwd_kernel = "wgmma";
+  const auto one = mm::predict(real(), "fused", "cuda", deterministic);
+  const auto five = mm::predict(real({"dims.layers=5"}), "fused", "cuda", deterministic);
   const int64_t grads = bytes_of(one, "dq") + bytes_of(one, "dk") + bytes_of(one, "dv");
   const int64_t lse = bytes_of(one, "lse");
   CHECK(one.saved_bytes == bytes_of(one, "output") + lse);
@@ -127,6 +132,17 @@ TEST_CASE("fused: a layer keeps its output and LSE; the backward adds the gradie
   CHECK(allocation(one, "bwd scratch").phase == "bwd");
   // Nothing in the fused path grows with Q·KV.
   for (const auto& a : one.allocations) CHECK(a.bytes < int64_t{32} * 2048 * 10240);
+
+  // The atomic backward (the default when determinism is not asked for) adds its fp32 dQ
+  // accumulator, B·H·Q_pad·D·4 bytes, to the scratch and so to the backward peak.
+  const auto atomic = mm::predict(real(), "fused", "cuda");  // "" = the untuned default, wgmma_atomic
+  mm::ModelOptions forced;
+  forced.cuda_bwd_kernel = "wgmma_atomic";
+  CHECK(mm::predict(real(), "fused", "cuda", forced).bwd_peak_bytes == atomic.bwd_peak_bytes);
+  const int64_t accumulator = int64_t{1} * 32 * 2048 * 128 * 4;  // B=1, H=32, Q_pad=2048, D=128
+  CHECK(atomic.bwd_peak_bytes - one.bwd_peak_bytes == accumulator);
+  CHECK(allocation(atomic, "bwd scratch").bytes - allocation(one, "bwd scratch").bytes == accumulator);
+  CHECK(atomic.fwd_peak_bytes == one.fwd_peak_bytes);
 }
 
 TEST_CASE("allocator rounding: 512-byte CUDA blocks, exact CPU bytes, CUDA segments", "[memory_model]") {
