@@ -643,9 +643,17 @@ def describe(describer, c):
 
 
 def git_commit():
+    """The commit ours runs at: git, or .deps/git_commit on the device copy (no .git there)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        if commit:
+            return commit
+    except OSError:
+        pass
+    try:
+        with open(os.path.join(root, ".deps", "git_commit")) as f:
+            return f.read().strip()[:12] or None
     except OSError:
         return None
 
