@@ -3,6 +3,7 @@
 
 Peers (--peers, comma list):
   ours           harness_bench_attention (the harness's attention(), autotuned fused CUDA kernels)
+  ours-det       the same with --deterministic 1 (the deterministic backward; not in the default list)
   flex           torch.compile(flex_attention, dynamic=False), default mode (Triton kernels)
   flex-autotune  torch.compile(flex_attention, dynamic=False, mode="max-autotune-no-cudagraphs")
   flex-flash     torch.compile(flex_attention, dynamic=False) with kernel_options={"BACKEND": "FLASH"}
@@ -86,7 +87,8 @@ DRY_CASES = {
     "tiny-sliding_window": case(mask="sliding_window", anchors=4, context=90, window=37, **TINY),
     "tiny-full": case(mask="full", anchors=2, context=40, **TINY),
 }
-PEERS = ["ours", "flex", "flex-autotune", "flex-flash", "fa4"]
+PEERS = ["ours", "flex", "flex-autotune", "flex-flash", "fa4", "ours-det"]
+DEFAULT_PEERS = "ours,flex,flex-autotune,flex-flash,fa4"  # ours-det: ours with --deterministic 1
 FLEX_PEERS = {"flex": {}, "flex-autotune": {"mode": "max-autotune-no-cudagraphs"},
               "flex-flash": {"kernel_options": {"BACKEND": "FLASH"}}}
 PEAK_TFLOPS = 790.0  # bf16 dense matmul measured on this H200 model (KINDS.md), for the "% of peak" column
@@ -343,14 +345,14 @@ def build_peer(torch, job, q, k, v, device):
     raise ValueError(f"unknown peer {peer!r}")
 
 
-def check_rows(torch, job, call, q, k, v, device):
-    """max |out - fp32 reference| over sampled query rows (batch 0; first and last head)."""
+def check_rows(torch, job, out, q, k, v, device):
+    """max |out - fp32 reference| over sampled query rows (batch 0; first and last head), on the
+    output of the first call (a second, no-grad call would compile again)."""
     mask, d = job["mask"], job["dims"]
     q_len = mask["q_len"]
+    out = out.detach()
     rows = torch.unique(torch.cat([torch.arange(min(64, q_len)), torch.arange(max(0, q_len - 64), q_len),
                                    torch.linspace(0, q_len - 1, 64).long()]))
-    with torch.no_grad():
-        out = call(q, k, v)
     visible = reference_rows(torch, mask, rows, device)
     worst = 0.0
     group = d["heads"] // d["kv_heads"]
@@ -403,6 +405,10 @@ def run_worker(job):
             result["unsupported"] = "forward: " + short(error)
             return result
     result["compile_fwd_s"] = time.perf_counter() - start
+    try:
+        result["check_max_abs_err"] = check_rows(torch, job, out, q, k, v, device)
+    except Exception as error:
+        result["check_error"] = short(error)
     has_bwd = False
     if grads:
         start = time.perf_counter()
@@ -413,10 +419,6 @@ def run_worker(job):
             result["compile_bwd_s"] = time.perf_counter() - start
         except Exception as error:
             result["bwd_unsupported"] = "backward: " + short(error)
-    try:
-        result["check_max_abs_err"] = check_rows(torch, job, call, q, k, v, device)
-    except Exception as error:
-        result["check_error"] = short(error)
     reps = job["reps"]
     total = reps + 3
     if device == "cuda":
@@ -509,7 +511,7 @@ def ours_row(raw):
     return {"peer": "ours", "note": "fused_cuda" + (": " + ", ".join(picked) if picked else ""),
             "fwd": summarize(fused["fwd_ms_all"]), "bwd": summarize(fused["bwd_ms_all"]),
             "fwd_peak_bytes": fused["fwd_peak_bytes"], "bwd_peak_bytes": fused["bwd_peak_bytes"],
-            "pairs_per_head": raw["pairs_per_head"], "input_sums": raw.get("input_sums"),
+            "pairs_per_head": raw["pairs_per_head"], "input_sums": fused.get("input_sums"),
             "process_s": raw["wall_s"], "dispatch": fused.get("dispatch"), "device_name": raw.get("device")}
 
 
@@ -622,7 +624,7 @@ def summarize_case(rows):
         best = min(flex, key=lambda r: r[op]["median"]) if flex else None
         parts.append(f"{best[op]['median']:.3f} ({best['peer']})" if best else "—")
         speed.append(f"{best[op]['median'] / ours[op]['median']:.2f}x" if best else "—")
-        peers = [r for r in rows if r["peer"] != "ours" and r.get(op)]
+        peers = [r for r in rows if not r["peer"].startswith("ours") and r.get(op)]
         top = min(peers, key=lambda r: r[op]["median"]) if peers else None
         fastest.append(f"{top['peer']} {top[op]['median'] / ours[op]['median']:.2f}x" if top else "—")
     out.update(best_flex=" / ".join(parts), speedup_best_flex=" / ".join(speed), fastest_peer=" / ".join(fastest))
@@ -700,11 +702,12 @@ def drive(args):
                     runs.append({"peer": peer, "error": "skipped: --budget-s spent"})
                     break
                 timeout = min(left, args.run_timeout_s)
-                if peer == "ours":
+                if peer in ("ours", "ours-det"):
+                    extra = args.ours_args.split() + (["--deterministic", "1"] if peer == "ours-det" else [])
                     try:
-                        runs.append(ours_row(run_ours(args.binary, c, args.reps, args.ours_args.split(), timeout)))
+                        runs.append(dict(ours_row(run_ours(args.binary, c, args.reps, extra, timeout)), peer=peer))
                     except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError, StopIteration) as error:
-                        runs.append({"peer": "ours", "error": str(error)[:300]})
+                        runs.append({"peer": peer, "error": str(error)[:300]})
                 else:
                     job = {"peer": peer, "case": name, "mask": mask, "dims": entry["dims"], "seed": args.seed,
                            "reps": args.reps, "device": args.device, "flex_mask": args.flex_mask}
@@ -713,7 +716,7 @@ def drive(args):
             entry["rows"].append(row)
             if row.get("device_name"):
                 report["device_name"] = row["device_name"]
-            if peer != "ours" and row.get("versions"):
+            if not peer.startswith("ours") and row.get("versions"):
                 report["versions"] = row["versions"]  # the workers' (with every peer package imported)
             status = row.get("error") or row.get("unsupported") or (
                 f"fwd {fmt_ms(row.get('fwd'))} bwd {fmt_ms(row.get('bwd'))}")
@@ -805,7 +808,7 @@ def main():
     parser.add_argument("--binary", help="path of harness_bench_attention (needed for the peer ours and to resolve masks)")
     parser.add_argument("--describe-binary", help="path of harness_mask_describe (default: beside --binary)")
     parser.add_argument("--cases", default=DEFAULT_CASES, help=f"comma list or all; known: {', '.join(CASES)}")
-    parser.add_argument("--peers", default=",".join(PEERS), help=f"comma list or all; known: {', '.join(PEERS)}")
+    parser.add_argument("--peers", default=DEFAULT_PEERS, help=f"comma list or all; known: {', '.join(PEERS)}")
     parser.add_argument("--reps", type=int, default=20, help="timed ops per process (after 3 warm-ups)")
     parser.add_argument("--repeats", type=int, default=1, help="fresh processes per (case, peer)")
     parser.add_argument("--budget-s", type=float, default=3600, help="total wall-time cap; what does not fit is skipped and says so")
@@ -839,7 +842,7 @@ def main():
         usage_error("--binary is needed on CUDA (harness_bench_attention: the peer ours)")
     if args.binary and not args.describe_binary:
         args.describe_binary = os.path.join(os.path.dirname(os.path.abspath(args.binary)), "harness_mask_describe")
-    if args.device == "cpu" and "ours" in selected(args.peers, PEERS, "peer"):
+    if args.device == "cpu" and {"ours", "ours-det"} & set(selected(args.peers, PEERS, "peer")):
         usage_error("the peer ours needs CUDA; pick --peers without it for --device cpu")
     drive(args)
     return 0

@@ -120,3 +120,24 @@ def test_unknown_case_is_a_usage_error():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--cases", "nope", "--peers", "flex"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "unknown case nope" in proc.stderr
+
+
+def test_summary_compares_against_the_faster_flex_mode_per_op():
+    stat = lambda ms: bench.summarize([ms])
+    rows = [{"peer": "ours", "fwd": stat(1.0), "bwd": stat(2.0), "process_s": 12.0},
+            {"peer": "flex", "fwd": stat(2.0), "bwd": stat(3.0), "compile_fwd_s": 30.0, "compile_bwd_s": 40.0},
+            {"peer": "flex-autotune", "fwd": stat(1.5), "bwd": stat(3.5)},
+            {"peer": "flex-flash", "fwd": stat(1.2), "bwd": None, "bwd_unsupported": "backward: NotImplementedError: x"},
+            {"peer": "fa4", "fwd": None, "bwd": None, "unsupported": "flash-attn-4 has no dflash mask"}]
+    s = bench.summarize_case(rows)
+    assert s["best_flex"] == "1.500 (flex-autotune) / 3.000 (flex)"
+    assert s["speedup_best_flex"] == "1.50x / 1.50x"
+    assert s["fastest_peer"] == "flex-flash 1.20x / flex 1.50x"
+    report = {"versions": {"torch": "2.11.0"}, "reps": 1, "repeats": 1, "commit": "abc",
+              "cases": [{"case": "c", "rows": rows, "summary": s, "pairs_per_head": 1000,
+                         "dims": {"batch": 1, "heads": 1, "head_dim": 128}}]}
+    table = bench.markdown(report)
+    assert "| c | flex | 2.000 (2.000–2.000) | 3.000 (3.000–3.000) |" in table
+    assert "| 2.00x | 1.50x | 30/40 |" in table
+    assert "cannot run: flash-attn-4 has no dflash mask" in table
+    assert "no backward: backward: NotImplementedError: x" in table
