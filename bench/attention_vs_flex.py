@@ -665,8 +665,8 @@ def usage_error(message):
     sys.exit(2)
 
 
-def selected(text, known, what):
-    names = list(known) if text == "all" else [x for x in text.split(",") if x]
+def selected(text, known, what, everything=None):
+    names = list(everything or known) if text == "all" else [x for x in text.split(",") if x]
     unknown = [x for x in names if x not in known]
     if unknown:
         usage_error(f"unknown {what} {', '.join(unknown)}; known: {', '.join(known)} (or all)")
@@ -674,7 +674,7 @@ def selected(text, known, what):
 
 
 def drive(args):
-    cases = selected(args.cases, {**CASES, **DRY_CASES}, "case")
+    cases = selected(args.cases, {**CASES, **DRY_CASES}, "case", everything=CASES)  # all: the real cases
     peers = selected(args.peers, PEERS, "peer")
     deadline = time.monotonic() + args.budget_s
     report = {"reps": args.reps, "repeats": args.repeats, "commit": git_commit(), "versions": versions(),
