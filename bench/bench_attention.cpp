@@ -4,7 +4,11 @@
 // bench/attention_vs_flex.py can rebuild the identical mask for torch.compile(flex_attention).
 //
 //   harness_bench_attention --mask dflash --anchors 128 [--context 8192 --heads 32 --kv-heads 8
-//       --head-dim 128 --documents 4 --batch 1 --seed 0 --reps 20 --impl fused|dense|both]
+//       --head-dim 128 --documents 4 --window 0 --batch 1 --seed 0 --reps 20 --impl fused|dense|both
+//       --fwd-kernel NAME --bwd-kernel NAME --deterministic 0|1]
+//
+// --fwd-kernel / --bwd-kernel force a CUDA kernel (AttentionOptions::cuda_kernels; default: the
+// autotuner's pick); --deterministic 1 asks for the deterministic backward.
 //
 // Timing: CUDA events around the op only, median of --reps after 3 warm-ups, enqueued back to back
 // without host synchronization (host dispatch overhead hidden, as in triton's do_bench), with a
@@ -34,64 +38,41 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_case.h"
 #include "kernels/attention.h"
 #include "kernels/mask_desc.h"
 
 namespace {
 
-using harness::kernels::AttentionGeometry;
 using harness::kernels::AttentionImpl;
 using harness::kernels::AttentionOptions;
 using harness::kernels::DispatchTrace;
 using harness::kernels::MaskContext;
-using harness::kernels::MaskDesc;
 using nlohmann::json;
 
-struct Options {
-  std::string mask = "dflash";
-  std::string impl = "fused";
-  int64_t anchors = 128, context = 8192, heads = 32, kv_heads = 8, head_dim = 128, documents = 4, batch = 1, window = 0;
-  uint64_t seed = 0;
-  int reps = 20;
-};
-
-[[noreturn]] void usage(const std::string& problem) {
-  std::cerr << "harness_bench_attention: " << problem
-            << "\nusage: harness_bench_attention [--mask dflash|causal|document_causal|sliding_window|full] [--anchors N]"
-               " [--context N] [--heads N] [--kv-heads N] [--head-dim N] [--documents N] [--window N] [--batch N]"
-               " [--seed N] [--reps N] [--impl fused|dense|both]\n";
-  std::exit(2);
-}
+using Options = harness::bench::CaseOptions;
+const std::string kExtraUsage = " [--reps N] [--impl fused|dense|both] [--fwd-kernel NAME] [--bwd-kernel NAME] [--deterministic 0|1]";
 
 Options parse(int argc, char** argv) {
-  Options o;
-  const std::map<std::string, int64_t*> integers = {
-      {"--anchors", &o.anchors}, {"--context", &o.context},     {"--heads", &o.heads},   {"--kv-heads", &o.kv_heads},
-      {"--head-dim", &o.head_dim}, {"--documents", &o.documents}, {"--batch", &o.batch}, {"--window", &o.window}};
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) usage("missing value after " + flag);
-    const std::string value = argv[++i];
-    try {
-      if (auto found = integers.find(flag); found != integers.end()) {
-        *found->second = std::stoll(value);
-      } else if (flag == "--seed") {
-        o.seed = std::stoull(value);
-      } else if (flag == "--reps") {
-        o.reps = std::stoi(value);
-      } else if (flag == "--mask") {
-        o.mask = value;
-      } else if (flag == "--impl") {
-        o.impl = value;
-      } else {
-        usage("unknown option " + flag);
-      }
-    } catch (const std::logic_error&) {
-      usage("bad value '" + value + "' for " + flag);
-    }
+  Options o = harness::bench::parse_case(argc, argv, "harness_bench_attention", kExtraUsage,
+                                         [](Options& opt, const std::string& flag, const std::string& value) {
+                                           if (flag == "--reps") {
+                                             opt.reps = std::stoi(value);
+                                           } else if (flag == "--impl") {
+                                             opt.impl = value;
+                                           } else if (flag == "--fwd-kernel") {
+                                             opt.fwd_kernel = value;
+                                           } else if (flag == "--bwd-kernel") {
+                                             opt.bwd_kernel = value;
+                                           } else {
+                                             return false;
+                                           }
+                                           return true;
+                                         });
+  if (o.impl != "fused" && o.impl != "dense" && o.impl != "both") {
+    harness::bench::case_usage("harness_bench_attention", "--impl must be fused, dense or both", kExtraUsage);
   }
-  if (o.impl != "fused" && o.impl != "dense" && o.impl != "both") usage("--impl must be fused, dense or both");
-  if (o.reps < 1) usage("--reps must be >= 1");
+  if (o.reps < 1) harness::bench::case_usage("harness_bench_attention", "--reps must be >= 1", kExtraUsage);
   return o;
 }
 
@@ -125,6 +106,9 @@ json bench_impl(const Options& o, AttentionImpl impl, MaskContext& mask, int64_t
   AttentionOptions options;
   options.impl = impl;
   options.trace = &trace;
+  options.deterministic = o.deterministic != 0;
+  options.cuda_kernels.fwd = o.fwd_kernel;
+  options.cuda_kernels.bwd = o.bwd_kernel;
   const auto stream = at::cuda::getCurrentCUDAStream(device);
   auto leaf = [](const at::Tensor& t) { return t.detach().requires_grad_(true); };
 
@@ -171,7 +155,11 @@ json bench_impl(const Options& o, AttentionImpl impl, MaskContext& mask, int64_t
     if (records.size() >= 2) break;  // one fwd and one bwd record tell the dispatch
     records.push_back({{"op", r.op}, {"impl", r.impl}, {"config", r.config}, {"reason", r.reason}});
   }
+  // Sums of the inputs: bench/attention_vs_flex.py checks that every peer timed the same tensors.
+  json input_sums = json::array();
+  for (const at::Tensor* t : {&q, &k, &v, &dout}) input_sums.push_back(t->to(at::kFloat).sum().item<double>());
   return {{"impl", impl == AttentionImpl::fused ? "fused" : "dense"},
+          {"input_sums", input_sums},
           {"fwd_ms", fwd},
           {"bwd_ms", bwd},
           {"fwd_ms_all", fwd_ms},
@@ -189,44 +177,22 @@ int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   json result;
   try {
+    harness::bench::ResolvedCase resolved;
+    try {
+      resolved = harness::bench::resolve_case(o);
+    } catch (const std::invalid_argument& error) {
+      harness::bench::case_usage("harness_bench_attention", error.what(), kExtraUsage);
+    }
+    result = harness::bench::describe_case(o, resolved);
+    result["deterministic"] = o.deterministic != 0;
+    result["kernels"] = {{"fwd", o.fwd_kernel}, {"bwd", o.bwd_kernel}};
+    result["reps"] = o.reps;
+    result["results"] = json::array();
     if (!torch::cuda::is_available()) throw std::runtime_error("no CUDA device");
-    const auto kind = harness::kernels::parse_mask_kind(o.mask);
-    if (!kind) usage("unknown mask " + o.mask);
-    MaskDesc desc;
-    desc.kind = *kind;
-    desc.documents = o.documents;
-    desc.window = o.window;
-    desc.seed = o.seed;
-    AttentionGeometry geometry;
-    geometry.batch = o.batch;
-    geometry.heads = o.heads;
-    geometry.kv_heads = o.kv_heads;
-    geometry.head_dim = o.head_dim;
-    geometry.anchors = o.anchors;
-    geometry.context = o.context;
-    MaskContext mask(harness::kernels::resolve_mask(desc, geometry));
-    const auto& m = mask.mask();
-    const int64_t pairs = harness::kernels::count_visible_pairs(m);
-    const auto split = harness::kernels::document_lengths(desc, *kind == harness::kernels::MaskKind::dflash ? m.context : m.kv_len);
-    result = {{"mask",
-               {{"kind", o.mask},
-                {"q_len", m.q_len},
-                {"kv_len", m.kv_len},
-                {"context", m.context},
-                {"block_size", m.block_size},
-                {"window", m.window},
-                {"context_rule", std::string(harness::kernels::context_rule_name(m.context_rule))},
-                {"in_block", std::string(harness::kernels::in_block_name(m.in_block))},
-                {"anchors", m.anchors},
-                {"doc_lengths", split}}},
-              {"dims",
-               {{"batch", o.batch}, {"heads", o.heads}, {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim}, {"anchors", o.anchors}}},
-              {"pairs_per_head", pairs},
-              {"device", at::cuda::getCurrentDeviceProperties()->name},
-              {"reps", o.reps},
-              {"results", json::array()}};
-    if (o.impl != "dense") result["results"].push_back(bench_impl(o, AttentionImpl::fused, mask, pairs));
-    if (o.impl != "fused") result["results"].push_back(bench_impl(o, AttentionImpl::dense, mask, pairs));
+    result["device"] = at::cuda::getCurrentDeviceProperties()->name;
+    MaskContext mask(resolved.mask);
+    if (o.impl != "dense") result["results"].push_back(bench_impl(o, AttentionImpl::fused, mask, resolved.pairs));
+    if (o.impl != "fused") result["results"].push_back(bench_impl(o, AttentionImpl::dense, mask, resolved.pairs));
   } catch (const std::exception& error) {
     result["error"] = error.what();
     std::cout << result.dump() << std::endl;

@@ -9,6 +9,7 @@
 #include "experiments/kinds/python_kind_info.h"
 #include "experiments/kinds/registry.h"
 #include "experiments/sweep.h"
+#include "kernels/cuda/attention_config.h"
 
 #include <algorithm>
 #include <array>
@@ -18,6 +19,7 @@
 #include <limits>
 #include <memory>
 #include <sstream>
+#include <tuple>
 
 namespace harness::spec {
 namespace {
@@ -88,7 +90,8 @@ const Schema& schema() {
                              {"doc_lengths", container_node(SchemaNode::Kind::array, v())},
                              {"window", v()},
                              {"seed", v()}});
-    auto variant = object_node({{"impl", v()}, {"fault", v()}});
+    auto variant = object_node(
+        {{"impl", v()}, {"fault", v()}, {"kernel", object_node({{"fwd", v()}, {"bwd", v()}})}, {"deterministic", v()}});
     auto clause = object_node({{"if", v()}, {"then", v()}, {"else", v()}});
     auto any = std::make_shared<SchemaNode>();
     any->kind = SchemaNode::Kind::any;
@@ -495,6 +498,54 @@ void check_mask(const OrderedJson& doc, Checker& c, Spec& spec, bool dims_ok) {
   }
 }
 
+// A variant's CUDA kernel choice: "kernel": {"fwd": NAME, "bwd": NAME} and "deterministic": bool,
+// for attention_step variants that run the fused kernels (a dense variant runs none of them).
+void check_kernel_choice(const OrderedJson& body, const std::string& p, Checker& c, Variant& variant,
+                         const kinds::KindInfo* kind) {
+  const OrderedJson* kernel = c.member(body, p, "kernel", false);
+  const OrderedJson* deterministic = c.member(body, p, "deterministic", false);
+  if (!kernel && !deterministic) return;
+  variant.sets_kernel_choice = true;
+  if (kind && !kind->attention) {
+    for (const char* key : {"kernel", "deterministic"}) {
+      if (body.contains(key)) c.issue(child(p, key), std::string(key) + " exists only for attention_step specs");
+    }
+    return;
+  }
+  const bool fused = variant.impl.empty() || variant.impl == "fused";  // impl errors are reported already
+  if (deterministic) {
+    if (const auto value = c.boolean(body, p, "deterministic")) {
+      if (*value && !fused) {
+        c.issue(child(p, "deterministic"), "deterministic applies to the fused CUDA kernels; impl \"" + variant.impl +
+                                               "\" runs none (drop it or use impl \"fused\")");
+      } else {
+        variant.deterministic = *value;
+      }
+    }
+  }
+  if (!kernel) return;
+  const std::string kp = child(p, "kernel");
+  if (!kernel->is_object() || kernel->empty()) {
+    c.issue(kp, "expected an object such as {\"fwd\": \"wgmma_m64_n64\", \"bwd\": \"wgmma\"}, got " + describe(*kernel));
+    return;
+  }
+  if (!fused) {
+    c.issue(kp, "a kernel choice applies to the fused CUDA kernels; impl \"" + variant.impl + "\" runs none");
+    return;
+  }
+  const std::vector<std::string> fwd = known_fwd_kernels(), bwd = known_bwd_kernels();
+  for (const auto& [key, known, out] : {std::tuple{"fwd", &fwd, &variant.fwd_kernel},
+                                        std::tuple{"bwd", &bwd, &variant.bwd_kernel}}) {
+    if (const auto name = c.string(*kernel, kp, key, false)) {
+      if (contains(*known, *name)) {
+        *out = *name;
+      } else {
+        c.issue(child(kp, key), std::string("unknown ") + key + " kernel \"" + *name + "\"; known: " + join(*known));
+      }
+    }
+  }
+}
+
 void check_variants(const OrderedJson& doc, Checker& c, Spec& spec, bool allow_faults, const kinds::KindInfo* kind) {
   const OrderedJson* variants = c.object(doc, "", "variants", true);
   if (!variants) return;
@@ -533,6 +584,7 @@ void check_variants(const OrderedJson& doc, Checker& c, Spec& spec, bool allow_f
         variant.fault = fault->get<std::string>();
       }
     }
+    check_kernel_choice(body, p, c, variant, kind);
     spec.variants.push_back(std::move(variant));
   }
   // The resolved JSON of the db sorts keys; variant_order keeps the order the file was written in.
@@ -1220,6 +1272,25 @@ std::optional<std::string> find_spec(const std::string& name_or_path, const std:
     if (fs::is_regular_file(candidate, error)) return candidate.string();
   }
   return std::nullopt;
+}
+
+std::vector<std::string> known_fwd_kernels() {
+  std::vector<std::string> names;
+  for (const auto kernel : kernels::cuda::kFwdKernels) names.emplace_back(kernels::cuda::fwd_kernel_label(kernel));
+  return names;
+}
+
+std::vector<std::string> known_bwd_kernels() {
+  std::vector<std::string> names;
+  for (const auto kernel : kernels::cuda::kBwdKernels) names.emplace_back(kernels::cuda::bwd_kernel_label(kernel));
+  return names;
+}
+
+std::string kernel_choice_text(const Variant& variant) {
+  if (!variant.sets_kernel_choice) return "";
+  const auto name = [](const std::string& kernel) { return kernel.empty() ? std::string("autotuned") : kernel; };
+  return "fwd=" + name(variant.fwd_kernel) + " bwd=" + name(variant.bwd_kernel) +
+         " deterministic=" + (variant.deterministic ? "true" : "false");
 }
 
 }  // namespace harness::spec

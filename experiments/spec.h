@@ -40,7 +40,23 @@ struct Variant {
   std::string name;
   std::string impl;   //!< "fused" or "dense"
   std::string fault;  //!< test-only fault injection ("" when none): segfault, abort, throw, hang, oom
+  //! attention_step, impl fused: the CUDA kernels to run ("kernel": {"fwd": ..., "bwd": ...});
+  //! "" = the autotuner's pick. Names: kernels/cuda/attention_config.h (fwd/bwd_kernel_label).
+  std::string fwd_kernel;
+  std::string bwd_kernel;
+  //! attention_step, impl fused: the deterministic CUDA backward ("deterministic": true); false
+  //! lets the kernels take their fastest backward (atomics allowed).
+  bool deterministic = false;
+  bool sets_kernel_choice = false;  //!< whether the spec wrote "kernel" or "deterministic"
 };
+
+//! The kernel names a variant's "kernel" object may give: every forward and backward kernel of
+//! the CUDA fused attention (known to this build's headers even when it has no CUDA kernels).
+std::vector<std::string> known_fwd_kernels();
+std::vector<std::string> known_bwd_kernels();
+//! The variant's kernel choice as the dispatch trace records it ("fwd=wgmma_m64_n64 bwd=autotuned
+//! deterministic=false"); "" when the variant sets neither "kernel" nor "deterministic".
+std::string kernel_choice_text(const Variant& variant);
 
 //! One clause of the verdict rule: `if` all conditions hold, the verdict is `then`.
 //! A clause with no conditions is the `else`.

@@ -2,6 +2,7 @@
 // counts every byte LibTorch allocates through c10's CPU allocator, unrounded), for dense and fused,
 // 1 and 3 layers, at bwd_fusion's CPU profile dims and at shapes that take the model's other
 // branches (fp32 without GQA, fp16 with a causal mask and small tiles).
+// Also: a variant's CUDA kernel choice (spec "kernel" / "deterministic") on the CPU trial path.
 //
 // Tolerance: the model replays the step's allocations op by op, so on one thread it agrees to the
 // byte (it does in every case here with torch 2.11); we allow 0.5 % + 1 KiB for allocations LibTorch
@@ -124,4 +125,33 @@ TEST_CASE("with several threads the fused CPU peaks lie between the model for on
   CHECK(measured.bwd >= static_cast<double>(one.bwd_peak_bytes) - allowed(measured.bwd));
   CHECK(measured.bwd <= static_cast<double>(two.bwd_peak_bytes) + allowed(measured.bwd));
   at::set_num_threads(threads);
+}
+
+TEST_CASE("a variant's CUDA kernel choice is recorded in the trace, not used, on the CPU", "[attention_step]") {
+  // The same CPU trial with and without the choice: it runs the CPU fused kernel either way (one
+  // kernel, one backward), the trace's first record names what the spec asked for.
+  const auto spec = load({"variants.fused.kernel.fwd=wgmma_m64_n64", "variants.fused.kernel.bwd=wgmma",
+                          "variants.fused.deterministic=true", "check.enabled=true"});
+  harness::kinds::TrialContext context;
+  context.variant = "fused";
+  context.device = "cpu";
+  const auto result = harness::kinds::run_attention_step(spec, context);
+  INFO("trial status " << result.status << ": " << result.error);
+  REQUIRE(result.status == "ok");
+  REQUIRE(result.dispatch.size() >= 3);
+  CHECK(result.dispatch[0].op == "attention_options");
+  CHECK(result.dispatch[0].impl == "fused");
+  CHECK(result.dispatch[0].config == "fwd=wgmma_m64_n64 bwd=wgmma deterministic=true");
+  CHECK(result.dispatch[0].reason.find("recorded, not used on cpu") != std::string::npos);
+  bool fused_cpu_fwd = false, fused_cpu_bwd = false;
+  for (const auto& record : result.dispatch) {
+    fused_cpu_fwd |= record.op == "attention_fwd" && record.impl == "fused_cpu";
+    fused_cpu_bwd |= record.op == "attention_bwd" && record.impl == "fused_cpu";
+  }
+  CHECK(fused_cpu_fwd);
+  CHECK(fused_cpu_bwd);
+  // Without a choice there is no options record.
+  const auto plain = harness::kinds::run_attention_step(load({}), context);
+  REQUIRE(plain.status == "ok");
+  for (const auto& record : plain.dispatch) CHECK(record.op != "attention_options");
 }

@@ -525,3 +525,64 @@ TEST_CASE("parse_byte_size accepts sizes and refuses durations", "[spec]") {
   CHECK_FALSE(harness::parse_byte_size("2s").has_value());
   CHECK_FALSE(harness::parse_byte_size("lots").has_value());
 }
+
+TEST_CASE("a variant chooses the CUDA kernels and the deterministic backward", "[spec]") {
+  const Spec spec = small_spec({"variants.fused.kernel.fwd=wgmma_m64_n64", "variants.fused.kernel.bwd=mma",
+                                "variants.fused.deterministic=true"});
+  REQUIRE(spec.variants[0].name == "fused");
+  CHECK(spec.variants[0].fwd_kernel == "wgmma_m64_n64");
+  CHECK(spec.variants[0].bwd_kernel == "mma");
+  CHECK(spec.variants[0].deterministic);
+  CHECK(harness::spec::kernel_choice_text(spec.variants[0]) == "fwd=wgmma_m64_n64 bwd=mma deterministic=true");
+  // Unset: autotuned, not deterministic, nothing to record.
+  CHECK(spec.variants[1].fwd_kernel.empty());
+  CHECK_FALSE(spec.variants[1].deterministic);
+  CHECK(harness::spec::kernel_choice_text(spec.variants[1]).empty());
+  const Spec only_bwd = small_spec({"variants.fused.kernel.bwd=wgmma", "variants.fused.deterministic=false"});
+  CHECK(harness::spec::kernel_choice_text(only_bwd.variants[0]) == "fwd=autotuned bwd=wgmma deterministic=false");
+  // Every name the CUDA kernels know is accepted.
+  for (const auto& name : harness::spec::known_fwd_kernels()) {
+    CHECK(small_spec({"variants.fused.kernel.fwd=" + name}).variants[0].fwd_kernel == name);
+  }
+  for (const auto& name : harness::spec::known_bwd_kernels()) {
+    CHECK(small_spec({"variants.fused.kernel.bwd=" + name}).variants[0].bwd_kernel == name);
+  }
+}
+
+TEST_CASE("a wrong kernel choice names the field and the known kernels", "[spec]") {
+  const auto load = [](const std::vector<std::string>& overrides) {
+    return issues_of([&] { small_spec(overrides); });
+  };
+  auto issues = load({"variants.fused.kernel.fwd=wgmma_m256"});
+  INFO(dump(issues));
+  // The list comes from kernels/cuda/attention_config.h, so a new kernel joins it by itself.
+  const auto listed = [](const std::vector<std::string>& names) {
+    std::string text;
+    for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
+    return text;
+  };
+  const auto fwd = harness::spec::known_fwd_kernels(), bwd = harness::spec::known_bwd_kernels();
+  CHECK(std::find(fwd.begin(), fwd.end(), "wgmma_m64_n64") != fwd.end());
+  CHECK(std::find(fwd.begin(), fwd.end(), "mma_m128_n64") != fwd.end());
+  CHECK(std::find(bwd.begin(), bwd.end(), "wgmma") != bwd.end());
+  CHECK(has_issue(issues, "variants.fused.kernel.fwd", "unknown fwd kernel \"wgmma_m256\"; known: " + listed(fwd)));
+  CHECK(issues.size() == 1);
+  issues = load({"variants.fused.kernel.bwd=fast"});
+  CHECK(has_issue(issues, "variants.fused.kernel.bwd", "unknown bwd kernel \"fast\"; known: " + listed(bwd)));
+  issues = load({"variants.dense.kernel.fwd=wgmma_m64_n64"});
+  CHECK(has_issue(issues, "variants.dense.kernel", "applies to the fused CUDA kernels; impl \"dense\" runs none"));
+  issues = load({"variants.dense.deterministic=true"});
+  CHECK(has_issue(issues, "variants.dense.deterministic", "impl \"dense\" runs none"));
+  CHECK(load({"variants.dense.deterministic=false"}).empty());
+  issues = load({"variants.fused.deterministic=\"yes\""});
+  CHECK(has_issue(issues, "variants.fused.deterministic", "expected true or false"));
+  issues = load({"variants.fused.kernel.forward=wgmma_m64_n64"});
+  CHECK(has_issue(issues, "variants.fused.kernel.forward", "unknown field \"forward\""));
+  const std::string text = R"({
+    "name": "k", "hypothesis": "h", "kind": "attention_step",
+    "dims": {"heads": 4, "kv_heads": 2, "head_dim": 64, "anchors": 8, "context": 256},
+    "mask": {"type": "dflash"}, "variants": {"fused": {"impl": "fused", "kernel": "wgmma_m64_n64"}},
+    "verdict": [{"else": "DONE"}]})";
+  issues = issues_of([&] { harness::spec::load_spec_text(text, "k.json"); });
+  CHECK(has_issue(issues, "variants.fused.kernel", "expected an object such as {\"fwd\": \"wgmma_m64_n64\""));
+}

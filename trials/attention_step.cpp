@@ -290,6 +290,19 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
   // The spec's BlockMask block size tiles the CPU fused kernel; the CUDA kernels choose their own
   // tiles (and build their BlockMasks at that granularity), named in the dispatch trace.
   options.cpu_tiles = {spec.mask_block, spec.mask_block};
+  // The variant's CUDA kernel choice (spec "kernel" / "deterministic"), recorded in the trace
+  // first so that every trial shows what was asked; the CPU fused kernel has one kernel and one
+  // (deterministic) backward, so there it is recorded and not used.
+  options.cuda_kernels.fwd = variant.fwd_kernel;
+  options.cuda_kernels.bwd = variant.bwd_kernel;
+  options.deterministic = variant.deterministic;
+  if (const std::string choice = spec::kernel_choice_text(variant); !choice.empty()) {
+    const bool used = device.is_cuda() && options.impl == kernels::AttentionImpl::fused;
+    trace.record({"attention_options", used ? "fused_cuda" : variant.impl, device.str(),
+                  used ? "spec variant " + variant.name + " chooses the CUDA kernels"
+                       : "spec variant " + variant.name + " chooses CUDA kernels; recorded, not used on " + device.str(),
+                  choice});
+  }
 
   LayerOutputs layer0;
   PhaseTimer timer(device);

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs ON the H200 (from the repo root): the fair attention benchmark of issue 16.
+#  1. flash-attn-4 (peers flex-flash and fa4) from the wheels scripts/fa4_wheels.sh prepared, when
+#     .whl/fa4-part1 and .whl/fa4-part2 are both on the machine (carried by two calls); without
+#     them those two peers say "not installed" in the table and everything else runs.
+#  2. builds harness_bench_attention and harness_mask_describe (scripts/h200_build.sh, build-h200/).
+#  3. bench/attention_vs_flex.py with a wall-time budget; table and JSON into $OUT (or out/).
+# Knobs: CASES (default dflash-128,dflash-512,causal-128; "all" = 20 cases), PEERS (default all),
+# BUDGET_S (default 480: fits a 10-minute device call after the build), REPS (20), REPEATS (1),
+# BENCH_ARGS (more flags). SKIP_BUILD=1 reuses build-h200/ from an earlier call; BUILD_ONLY=1 stops
+# after the build (a first call that also carries .whl/fa4-part1).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+out=${OUT:-$root/out}
+mkdir -p "$out"
+build_dir=${BUILD_DIR:-$root/build-h200}
+start=$(date +%s)
+
+site=$root/.whl/fa4-site
+if [[ -d .whl/fa4-part1 && -d .whl/fa4-part2 && ! -f $site/.installed ]]; then
+  echo "== installing flash-attn-4 from .whl/fa4-part1 + .whl/fa4-part2 into $site"
+  wheels=$(mktemp -d)
+  cp .whl/fa4-part2/*.whl "$wheels/"
+  for first in .whl/fa4-part1/*.whl.part0; do
+    name=$(basename "${first%.part0}")
+    cat "$first" ".whl/fa4-part2/$name.part1" >"$wheels/$name"
+  done
+  (cd "$wheels" && sha256sum -c --quiet "$root/.whl/fa4-part2/SHA256SUMS")
+  rm -rf "$site" && mkdir -p "$site"
+  if python3 -m pip --version >/dev/null 2>&1; then
+    python3 -m pip install -q --no-deps --no-index --target "$site" "$wheels"/*.whl
+  else  # no pip on the image: a wheel is a zip of its site-packages files
+    for w in "$wheels"/*.whl; do python3 -m zipfile -e "$w" "$site"; done
+  fi
+  touch "$site/.installed"
+  rm -rf "$wheels"
+fi
+if [[ -f $site/.installed ]]; then
+  # nvidia_cutlass_dsl_packages.pth would add dsl_packages/ in a site dir; --target is not one.
+  export PYTHONPATH=$site:$site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}
+  python3 -c 'import flash_attn.cute, importlib.metadata as m; print("flash-attn-4", m.version("flash-attn-4"))' \
+    || echo "flash_attn.cute does not import: flex-flash and fa4 will say why in the table"
+fi
+
+if [[ -z ${SKIP_BUILD:-} ]]; then
+  echo "== building harness_bench_attention (build-h200)"
+  BUILD_DIR=$build_dir BUILD_TARGETS="harness_bench_attention harness_mask_describe" "$root/scripts/h200_build.sh" >"$out/build.log" 2>&1 \
+    || { tail -40 "$out/build.log"; exit 3; }
+fi
+echo "== build done after $(( $(date +%s) - start )) s"
+[[ -z ${BUILD_ONLY:-} ]] || exit 0
+
+python3 bench/attention_vs_flex.py --binary "$build_dir/bench/harness_bench_attention" \
+  --cases "${CASES:-dflash-128,dflash-512,causal-128}" --peers "${PEERS:-all}" --budget-s "${BUDGET_S:-480}" \
+  --reps "${REPS:-20}" --repeats "${REPEATS:-1}" --json-out "$out/bench.json" --md-out "$out/bench.md" ${BENCH_ARGS:-}
+echo "== total $(( $(date +%s) - start )) s; table: $out/bench.md, numbers: $out/bench.json"
