@@ -12,7 +12,9 @@ else()
   set(_harness_rpath "${_harness_torch_lib}")
 endif()
 set_target_properties(harness PROPERTIES INSTALL_RPATH "${_harness_rpath}")
-install(TARGETS harness RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT harness)
+# OPTIONAL: `pip install . -C build.targets=harness_ops` builds only the torch ops (a lean install
+# for `import harness` alone; the console script then says that there is no binary).
+install(TARGETS harness RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT harness OPTIONAL)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/experiments/ DESTINATION ${HARNESS_INSTALL_EXPERIMENTS_DIR} COMPONENT harness
         FILES_MATCHING PATTERN "*.json" PATTERN "python/*.py" PATTERN "README.md"
         PATTERN "kinds" EXCLUDE PATTERN "__pycache__" EXCLUDE)
