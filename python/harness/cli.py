@@ -51,7 +51,8 @@ def binary() -> Path:
     if root is not None:
         candidates.append(("the installed package", root / "bin" / "harness"))
     checkout = Path(__file__).resolve().parents[2]
-    candidates.append(("the checkout's build tree", checkout / "build" / "harness" / "harness"))
+    if (checkout / "CMakeLists.txt").is_file():  # imported from a checkout, not from site-packages
+        candidates.append(("the checkout's build tree", checkout / "build" / "harness" / "harness"))
     for _, path in candidates:
         if path.is_file() and os.access(path, os.X_OK):
             return path

@@ -38,7 +38,8 @@ def _library_candidates():
     if spec is not None and spec.origin:
         yield "the installed package", Path(spec.origin).parent / "lib" / _LIBRARY_NAME
     checkout = Path(__file__).resolve().parents[2]
-    yield "the checkout's build tree", checkout / "build" / "python" / _LIBRARY_NAME
+    if (checkout / "CMakeLists.txt").is_file():  # imported from a checkout, not from site-packages
+        yield "the checkout's build tree", checkout / "build" / "python" / _LIBRARY_NAME
 
 
 def load_library(path=None) -> str:
