@@ -21,5 +21,5 @@ add_custom_target(harness_git_info
   COMMENT "Reading the git commit for the env fingerprint")
 
 add_library(harness_build_info INTERFACE)
-target_include_directories(harness_build_info INTERFACE ${HARNESS_GENERATED_DIR})
+target_include_directories(harness_build_info INTERFACE $<BUILD_INTERFACE:${HARNESS_GENERATED_DIR}>)
 add_dependencies(harness_build_info harness_git_info)

@@ -4,6 +4,8 @@
 
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
 
 #include "build_info.h"
 
@@ -13,6 +15,14 @@ std::vector<std::string> experiment_search_dirs(const GlobalOptions& options) {
   std::vector<std::string> dirs = options.experiments_dirs;
   if (const char* env = std::getenv("HARNESS_EXPERIMENTS")) dirs.emplace_back(env);
   dirs.emplace_back("experiments");
+  // An installed binary (cmake --install, pip install): <prefix>/bin/harness ships its specs in
+  // <prefix>/share/harness/experiments, wherever the prefix was moved to (cmake/InstallLayout.cmake).
+  try {
+    const std::filesystem::path bin_dir = std::filesystem::path(self_executable()).parent_path();
+    dirs.push_back((bin_dir / HARNESS_INSTALL_EXPERIMENTS_FROM_BIN).lexically_normal().string());
+  } catch (const std::runtime_error&) {
+    // No /proc/self/exe: the other directories still apply.
+  }
   dirs.emplace_back(std::string(HARNESS_SOURCE_DIR) + "/experiments");
   return dirs;
 }

@@ -17,8 +17,9 @@ struct GlobalOptions {
   std::vector<std::string> experiments_dirs;  //!< --experiments-dir, searched first
 };
 
-//! Directories searched for experiment specs: --experiments-dir, $HARNESS_EXPERIMENTS,
-//! ./experiments, then the source tree this binary was built from.
+//! Directories searched for experiment specs, first match wins: --experiments-dir,
+//! $HARNESS_EXPERIMENTS, ./experiments, the installed specs beside the binary
+//! (<bin>/../share/harness/experiments), then the source tree this binary was built from.
 std::vector<std::string> experiment_search_dirs(const GlobalOptions& options);
 
 //! Path of the running executable (to start trial children).

@@ -4,12 +4,19 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <nlohmann/json.hpp>
+
 #include <iostream>
 #include <map>
+#include <string_view>
+#include <vector>
 
+#include "build_info.h"
 #include "db/store.h"
 #include "experiments/spec.h"
+#include "git_info.h"
 #include "harness/cli.h"
+#include "core/printer.h"
 
 namespace harness {
 
@@ -21,6 +28,31 @@ void add_global_options(CLI::App& command, GlobalOptions& options) {
   command.add_option("--experiments-dir", options.experiments_dirs, "Extra directory searched for specs");
 }
 
+namespace {
+
+//! `harness --version`: the version, the commit and the toolchain the binary was built with.
+std::string version_text() {
+  std::string cuda = std::string(HARNESS_NVCC_VERSION).empty()
+                         ? std::string("none (built without the CUDA kernels)")
+                         : std::string(HARNESS_NVCC_VERSION) + " (nvcc of the kernels, architectures " + HARNESS_CUDA_ARCHS + ")";
+  return std::string("harness ") + HARNESS_VERSION + "\ncommit " + HARNESS_GIT_COMMIT + "\nLibTorch " +
+         HARNESS_TORCH_CMAKE_VERSION + "\nCUDA " + cuda + "\nbuild " + HARNESS_BUILD_TYPE + ", " + HARNESS_CXX_COMPILER;
+}
+
+//! Reports a failure that ends the command: text on stderr and, under --json, also
+//! {"error": ..., "exit_code": ...} (plus "issues" for spec errors) on stdout.
+int fail(bool json, int exit_code, const std::string& message, const std::vector<std::string>& issues = {}) {
+  std::cerr << "error: " << message << '\n';
+  for (const auto& issue : issues) std::cerr << "  " << issue << '\n';
+  if (json) {
+    nlohmann::json error = {{"error", message}, {"exit_code", exit_code}};
+    if (!issues.empty()) error["issues"] = issues;
+    print_json(std::cout, error);
+  }
+  return exit_code;
+}
+
+}  // namespace
 }  // namespace harness
 
 int main(int argc, char** argv) {
@@ -28,6 +60,7 @@ int main(int argc, char** argv) {
   CLI::App app{"harness: settle GPU training bugs by experiment.\n"
                "Exit codes: 0 ok, 1 a --fail-on condition held, 2 usage or spec error, 3 infrastructure error."};
   app.require_subcommand(1);
+  app.set_version_flag("--version", version_text(), "Version, commit, LibTorch and CUDA of this binary");
   GlobalOptions options;
   add_global_options(app, options);
 
@@ -60,8 +93,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return kExitUsage;
+    // --json may not have been parsed yet when the command line is wrong: look for it.
+    bool json = false;
+    for (int i = 1; i < argc; ++i) json = json || std::string_view(argv[i]) == "--json";
+    if (!json) {
+      app.exit(e);
+      return kExitUsage;
+    }
+    return fail(true, kExitUsage, e.what());
   }
 
   auto logger = spdlog::stderr_color_mt("harness");
@@ -74,19 +113,18 @@ int main(int argc, char** argv) {
     try {
       return action();
     } catch (const spec::SpecError& e) {
-      std::cerr << "error: invalid experiment spec (" << e.issues().size() << " problem"
-                << (e.issues().size() == 1 ? "" : "s") << ", nothing was run or written):\n";
-      for (const auto& issue : e.issues()) std::cerr << "  " << issue.to_string() << '\n';
-      return kExitUsage;
+      std::vector<std::string> issues;
+      for (const auto& issue : e.issues()) issues.push_back(issue.to_string());
+      return fail(options.json, kExitUsage,
+                  "invalid experiment spec (" + std::to_string(issues.size()) + " problem" +
+                      (issues.size() == 1 ? "" : "s") + ", nothing was run or written):",
+                  issues);
     } catch (const UsageError& e) {
-      std::cerr << "error: " << e.what() << '\n';
-      return kExitUsage;
+      return fail(options.json, kExitUsage, e.what());
     } catch (const db::DbError& e) {
-      std::cerr << "error: database: " << e.what() << '\n';
-      return kExitInfra;
+      return fail(options.json, kExitInfra, std::string("database: ") + e.what());
     } catch (const std::exception& e) {
-      std::cerr << "error: " << e.what() << '\n';
-      return kExitInfra;
+      return fail(options.json, kExitInfra, e.what());
     }
   }
   return kExitUsage;

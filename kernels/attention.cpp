@@ -153,4 +153,60 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   throw UnsupportedError("fused attention on " + device + ": only CPU and CUDA have fused kernels");
 }
 
+namespace {
+
+double resolved_scale(const at::Tensor& q, const AttentionOptions& options) {
+  return options.scale != 0.0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+}
+
+[[noreturn]] void no_fused_kernel(const at::Tensor& q) {
+#ifndef HARNESS_WITH_CUDA_KERNELS
+  if (q.device().is_cuda()) {
+    throw UnsupportedError("fused attention on CUDA: this build has no CUDA kernels (configured without a CUDA "
+                           "compiler or with HARNESS_WITH_CUDA=OFF)");
+  }
+#endif
+  throw UnsupportedError("fused attention on " + q.device().str() + ": only CPU and CUDA have fused kernels");
+}
+
+}  // namespace
+
+FusedForward fused_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, MaskContext& mask,
+                                     const AttentionOptions& options) {
+  check_inputs(q, k, v, mask.mask());
+  const double scale = resolved_scale(q, options);
+  if (q.device().is_cpu()) return fused_attention_cpu_forward(q, k, v, mask, scale, options.cpu_tiles, options.trace);
+#ifdef HARNESS_WITH_CUDA_KERNELS
+  if (q.device().is_cuda()) {
+    return fused_attention_cuda_forward(q, k, v, mask, scale, options.deterministic, options.trace, options.cuda_kernels);
+  }
+#endif
+  no_fused_kernel(q);
+}
+
+FusedGradients fused_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                        MaskContext& mask, const AttentionOptions& options) {
+  check_inputs(q, k, v, mask.mask());
+  TORCH_CHECK(grad_out.sizes() == out.sizes() && out.sizes() == q.sizes(),
+              "attention backward: grad_out ", shape_of(grad_out), " and out ", shape_of(out), " must be shaped like q ",
+              shape_of(q));
+  TORCH_CHECK(lse.dim() == 3 && lse.size(0) == q.size(0) && lse.size(1) == q.size(1) && lse.size(2) == q.size(2) &&
+                  lse.scalar_type() == at::kFloat,
+              "attention backward: lse must be fp32 [B, H, Q] (got ", shape_of(lse), " ", lse.scalar_type(), ")");
+  TORCH_CHECK(grad_out.device() == q.device() && out.device() == q.device() && lse.device() == q.device(),
+              "attention backward: grad_out, out and lse must be on q's device ", q.device());
+  const double scale = resolved_scale(q, options);
+  if (q.device().is_cpu()) {
+    return fused_attention_cpu_backward(grad_out, q, k, v, out, lse, mask, scale, options.cpu_tiles, options.trace);
+  }
+#ifdef HARNESS_WITH_CUDA_KERNELS
+  if (q.device().is_cuda()) {
+    return fused_attention_cuda_backward(grad_out, q, k, v, out, lse, mask, scale, options.deterministic, options.trace,
+                                         options.cuda_kernels);
+  }
+#endif
+  no_fused_kernel(q);
+}
+
 }  // namespace harness::kernels

@@ -79,6 +79,20 @@ struct AttentionOptions {
   DispatchTrace* trace = nullptr;  //!< where to record the dispatch decision (may be null)
 };
 
+//! What a fused forward returns: out [B, H, Q, D] in q's dtype and the log-sum-exp of every row's
+//! scaled scores, lse [B, H, Q] fp32 (natural log; -inf for a row that sees no key, whose out is 0).
+struct FusedForward {
+  at::Tensor out;
+  at::Tensor lse;
+};
+
+//! What a fused backward returns: the gradients of q, k and v, shaped like them.
+struct FusedGradients {
+  at::Tensor grad_q;
+  at::Tensor grad_k;
+  at::Tensor grad_v;
+};
+
 //! Runs attention with autograd support. Throws UnsupportedError when the requested
 //! implementation does not support the device, dtype or shape.
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -95,6 +109,24 @@ at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 at::Tensor fused_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                MaskContext& mask, double scale, const CpuTileConfig& tiles,
                                DispatchTrace* trace = nullptr);
+
+//! The fused forward without autograd: the same boundary checks and device dispatch as
+//! attention() with impl=fused, returning the LSE as well (the torch op's forward, python/).
+FusedForward fused_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, MaskContext& mask,
+                                     const AttentionOptions& options);
+
+//! The fused backward without autograd, from the forward's out and lse (the torch op's backward).
+FusedGradients fused_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                        MaskContext& mask, const AttentionOptions& options);
+
+//! fused_attention_cpu's forward and backward as plain functions (no autograd graph).
+FusedForward fused_attention_cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, MaskContext& mask,
+                                         double scale, const CpuTileConfig& tiles, DispatchTrace* trace = nullptr);
+FusedGradients fused_attention_cpu_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                            MaskContext& mask, double scale, const CpuTileConfig& tiles,
+                                            DispatchTrace* trace = nullptr);
 
 //! Whether this build has the CUDA fused kernels.
 bool cuda_kernels_built();

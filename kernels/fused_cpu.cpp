@@ -127,148 +127,158 @@ at::Tensor kv_tile_fp32(const at::Tensor& x, const Tile& tile) {
   return x.detach().slice(2, tile.kv_begin, tile.kv_end).to(at::kFloat);
 }
 
+//! The forward: out in q's dtype and the LSE, without autograd.
+FusedForward cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FusedCpuState* state) {
+  const Layout layout{q.size(0), q.size(1), k.size(1), q.size(3)};
+  const BlockMask& block_mask = state->block_mask;
+  // The output is written tile by tile in the input dtype; only the LSE ([B, H, Q], like the
+  // GPU kernels) is kept in fp32.
+  at::Tensor out = at::empty({layout.batch, layout.heads, block_mask.q_len, layout.head_dim}, q.options());
+  at::Tensor lse = at::empty({layout.batch, layout.heads, block_mask.q_len}, q.options().dtype(at::kFloat));
+
+  // q blocks are independent: one task each; the ops inside run single-threaded on tiles.
+  at::parallel_for(0, block_mask.num_q_blocks, 1, [&](int64_t q_block_begin, int64_t q_block_end) {
+    at::NoGradGuard no_grad;  // worker threads do not inherit the caller's grad mode
+    for (int64_t q_block = q_block_begin; q_block < q_block_end; ++q_block) {
+      const Tile rows = tile_of(block_mask, q_block, 0);
+      const at::Tensor q_tile = layout.grouped(q, rows.q_begin, rows.q_end, state->scale);
+      at::Tensor row_max = at::full({layout.batch, layout.kv_heads, q_tile.size(2), 1}, kNoMax, q_tile.options());
+      at::Tensor row_sum = at::zeros_like(row_max);
+      at::Tensor acc = at::zeros_like(q_tile);
+      for (const BlockRef& kv_block : merged_blocks(block_mask.kv_num_blocks, block_mask.kv_indices,
+                                                    block_mask.full_kv_num_blocks, block_mask.full_kv_indices, q_block)) {
+        const Tile tile = tile_of(block_mask, q_block, kv_block.index);
+        at::Tensor probabilities = tile_scores(q_tile, kv_tile_fp32(k, tile), state->mask, tile, kv_block.partial);
+        const at::Tensor new_max = at::maximum(row_max, probabilities.amax(-1, true));
+        probabilities.sub_(new_max).exp_();
+        const at::Tensor correction = (row_max - new_max).exp_();
+        row_sum.mul_(correction).add_(probabilities.sum(-1, true));
+        acc.mul_(correction).add_(at::matmul(probabilities, kv_tile_fp32(v, tile)));
+        row_max = new_max;
+      }
+      // Rows that saw nothing have row_sum 0 and acc 0: output 0, LSE = lowest + log(0) = -inf.
+      // Every other row has row_sum >= 1 (its maximum contributes exp(0)), untouched by the clamp.
+      acc.div_(row_sum.clamp_min(std::numeric_limits<float>::min()));
+      out.slice(2, rows.q_begin, rows.q_end).copy_(layout.ungrouped(acc));
+      lse.slice(2, rows.q_begin, rows.q_end).copy_(layout.ungrouped(row_max.add_(row_sum.log_())).squeeze(-1));
+    }
+  });
+
+  return {out, lse};
+}
+
+//! The backward from the forward's out and LSE, without autograd.
+FusedGradients cpu_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                            const at::Tensor& lse, const at::Tensor& grad_out, const FusedCpuState* state) {
+  if (state->trace) {
+    state->trace->record({"attention_bwd", "fused_cpu", "cpu",
+                          "backward of fused_cpu: recomputes P per tile from LSE, dQ pass over kv lists, "
+                          "dK/dV pass over transposed q lists",
+                          state->config});
+  }
+  const Layout layout{q.size(0), q.size(1), k.size(1), q.size(3)};
+  const BlockMask& block_mask = state->block_mask;
+  // Rows that saw nothing have LSE -inf; +inf instead makes P = exp(S - LSE) = 0 for every key
+  // (S is -inf or finite there), not exp(-inf + inf) = NaN.
+  const at::Tensor lse_for_p = lse.masked_fill(lse == kNegInf, std::numeric_limits<float>::infinity()).unsqueeze(-1);
+  // delta = rowsum(dO * O) in fp32, the softmax backward's correction term: [B, H, Q, 1], filled
+  // by the dQ pass and read by the dK/dV pass (O(Q), like the LSE).
+  at::Tensor delta = at::empty_like(lse_for_p);
+
+  // The grouped fp32 operands of one q block, converted when a tile needs them (O(tile)).
+  struct QBlock {
+    at::Tensor q_scaled, grad_out, lse, delta;
+  };
+  const auto q_block_operands = [&](int64_t q_block, bool compute_delta) {
+    const Tile rows = tile_of(block_mask, q_block, 0);
+    QBlock qb;
+    qb.q_scaled = layout.grouped(q, rows.q_begin, rows.q_end, state->scale);
+    qb.grad_out = layout.grouped(grad_out, rows.q_begin, rows.q_end);
+    qb.lse = layout.grouped(lse_for_p, rows.q_begin, rows.q_end);
+    if (compute_delta) {
+      qb.delta = layout.grouped(out, rows.q_begin, rows.q_end).mul_(qb.grad_out).sum(-1, true);
+      delta.slice(2, rows.q_begin, rows.q_end).copy_(layout.ungrouped(qb.delta));
+    } else {
+      qb.delta = layout.grouped(delta, rows.q_begin, rows.q_end);
+    }
+    return qb;
+  };
+
+  // dS = P * (dP - delta) of one tile, with P returned too (the dK/dV pass needs it).
+  const auto tile_gradients = [&](const QBlock& qb, const Tile& tile, bool partial) {
+    at::Tensor probabilities = tile_scores(qb.q_scaled, kv_tile_fp32(k, tile), state->mask, tile, partial);
+    probabilities.sub_(qb.lse).exp_();
+    at::Tensor grad_scores = at::matmul(qb.grad_out, kv_tile_fp32(v, tile).transpose(-2, -1));
+    grad_scores.sub_(qb.delta).mul_(probabilities);
+    return std::make_pair(probabilities, grad_scores);
+  };
+
+  at::Tensor grad_q = at::empty(q.sizes(), q.options());
+  at::Tensor grad_k = at::empty(k.sizes(), k.options());
+  at::Tensor grad_v = at::empty(v.sizes(), v.options());
+
+  at::parallel_for(0, block_mask.num_q_blocks, 1, [&](int64_t q_block_begin, int64_t q_block_end) {
+    at::NoGradGuard no_grad;
+    for (int64_t q_block = q_block_begin; q_block < q_block_end; ++q_block) {
+      const QBlock qb = q_block_operands(q_block, /*compute_delta=*/true);
+      at::Tensor grad_q_acc = at::zeros_like(qb.q_scaled);
+      for (const BlockRef& kv_block : merged_blocks(block_mask.kv_num_blocks, block_mask.kv_indices,
+                                                    block_mask.full_kv_num_blocks, block_mask.full_kv_indices, q_block)) {
+        const Tile tile = tile_of(block_mask, q_block, kv_block.index);
+        const at::Tensor grad_scores = tile_gradients(qb, tile, kv_block.partial).second;
+        grad_q_acc.add_(at::matmul(grad_scores, kv_tile_fp32(k, tile)));
+      }
+      const Tile rows = tile_of(block_mask, q_block, 0);
+      grad_q.slice(2, rows.q_begin, rows.q_end).copy_(layout.ungrouped(grad_q_acc.mul_(state->scale)));
+    }
+  });
+
+  at::parallel_for(0, block_mask.num_kv_blocks, 1, [&](int64_t kv_block_begin, int64_t kv_block_end) {
+    at::NoGradGuard no_grad;
+    for (int64_t kv_block = kv_block_begin; kv_block < kv_block_end; ++kv_block) {
+      const Tile cols = tile_of(block_mask, 0, kv_block);
+      at::Tensor grad_k_acc =
+          at::zeros({layout.batch, layout.kv_heads, cols.cols(), layout.head_dim}, k.options().dtype(at::kFloat));
+      at::Tensor grad_v_acc = at::zeros_like(grad_k_acc);
+      for (const BlockRef& q_block : merged_blocks(block_mask.q_num_blocks, block_mask.q_indices,
+                                                   block_mask.full_q_num_blocks, block_mask.full_q_indices, kv_block)) {
+        const Tile tile = tile_of(block_mask, q_block.index, kv_block);
+        const QBlock qb = q_block_operands(q_block.index, /*compute_delta=*/false);
+        const auto [probabilities, grad_scores] = tile_gradients(qb, tile, q_block.partial);
+        // The G*rows rows hold every head of the group: these matmuls also reduce GQA.
+        grad_v_acc.add_(at::matmul(probabilities.transpose(-2, -1), qb.grad_out));
+        grad_k_acc.add_(at::matmul(grad_scores.transpose(-2, -1), qb.q_scaled));
+      }
+      grad_k.slice(2, cols.kv_begin, cols.kv_end).copy_(grad_k_acc);
+      grad_v.slice(2, cols.kv_begin, cols.kv_end).copy_(grad_v_acc);
+    }
+  });
+  return {grad_q, grad_k, grad_v};
+}
+
 class FusedAttentionCpu : public torch::autograd::Function<FusedAttentionCpu> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const c10::intrusive_ptr<FusedCpuState>& state) {
-    const Layout layout{q.size(0), q.size(1), k.size(1), q.size(3)};
-    const BlockMask& block_mask = state->block_mask;
-    // The output is written tile by tile in the input dtype; only the LSE ([B, H, Q], like the
-    // GPU kernels) is kept in fp32.
-    at::Tensor out = at::empty({layout.batch, layout.heads, block_mask.q_len, layout.head_dim}, q.options());
-    at::Tensor lse = at::empty({layout.batch, layout.heads, block_mask.q_len}, q.options().dtype(at::kFloat));
-
-    // q blocks are independent: one task each; the ops inside run single-threaded on tiles.
-    at::parallel_for(0, block_mask.num_q_blocks, 1, [&](int64_t q_block_begin, int64_t q_block_end) {
-      at::NoGradGuard no_grad;  // worker threads do not inherit the caller's grad mode
-      for (int64_t q_block = q_block_begin; q_block < q_block_end; ++q_block) {
-        const Tile rows = tile_of(block_mask, q_block, 0);
-        const at::Tensor q_tile = layout.grouped(q, rows.q_begin, rows.q_end, state->scale);
-        at::Tensor row_max = at::full({layout.batch, layout.kv_heads, q_tile.size(2), 1}, kNoMax, q_tile.options());
-        at::Tensor row_sum = at::zeros_like(row_max);
-        at::Tensor acc = at::zeros_like(q_tile);
-        for (const BlockRef& kv_block : merged_blocks(block_mask.kv_num_blocks, block_mask.kv_indices,
-                                                      block_mask.full_kv_num_blocks, block_mask.full_kv_indices, q_block)) {
-          const Tile tile = tile_of(block_mask, q_block, kv_block.index);
-          at::Tensor probabilities = tile_scores(q_tile, kv_tile_fp32(k, tile), state->mask, tile, kv_block.partial);
-          const at::Tensor new_max = at::maximum(row_max, probabilities.amax(-1, true));
-          probabilities.sub_(new_max).exp_();
-          const at::Tensor correction = (row_max - new_max).exp_();
-          row_sum.mul_(correction).add_(probabilities.sum(-1, true));
-          acc.mul_(correction).add_(at::matmul(probabilities, kv_tile_fp32(v, tile)));
-          row_max = new_max;
-        }
-        // Rows that saw nothing have row_sum 0 and acc 0: output 0, LSE = lowest + log(0) = -inf.
-        // Every other row has row_sum >= 1 (its maximum contributes exp(0)), untouched by the clamp.
-        acc.div_(row_sum.clamp_min(std::numeric_limits<float>::min()));
-        out.slice(2, rows.q_begin, rows.q_end).copy_(layout.ungrouped(acc));
-        lse.slice(2, rows.q_begin, rows.q_end).copy_(layout.ungrouped(row_max.add_(row_sum.log_())).squeeze(-1));
-      }
-    });
-
-    ctx->save_for_backward({q, k, v, out, lse});
+    FusedForward result = cpu_forward(q, k, v, state.get());
+    ctx->save_for_backward({q, k, v, result.out, result.lse});
     // saved_data holds IValues only; a capsule carries the state struct without registering a class.
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
-    return out;
+    return result.out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const auto state = c10::static_intrusive_pointer_cast<FusedCpuState>(ctx->saved_data["state"].toCapsule());
-    if (state->trace) {
-      state->trace->record({"attention_bwd", "fused_cpu", "cpu",
-                            "backward of fused_cpu: recomputes P per tile from LSE, dQ pass over kv lists, "
-                            "dK/dV pass over transposed q lists",
-                            state->config});
-    }
-    const Layout layout{q.size(0), q.size(1), k.size(1), q.size(3)};
-    const BlockMask& block_mask = state->block_mask;
-    const at::Tensor& grad_out = grad_outputs[0];
-    // Rows that saw nothing have LSE -inf; +inf instead makes P = exp(S - LSE) = 0 for every key
-    // (S is -inf or finite there), not exp(-inf + inf) = NaN.
-    const at::Tensor lse_for_p = lse.masked_fill(lse == kNegInf, std::numeric_limits<float>::infinity()).unsqueeze(-1);
-    // delta = rowsum(dO * O) in fp32, the softmax backward's correction term: [B, H, Q, 1], filled
-    // by the dQ pass and read by the dK/dV pass (O(Q), like the LSE).
-    at::Tensor delta = at::empty_like(lse_for_p);
-
-    // The grouped fp32 operands of one q block, converted when a tile needs them (O(tile)).
-    struct QBlock {
-      at::Tensor q_scaled, grad_out, lse, delta;
-    };
-    const auto q_block_operands = [&](int64_t q_block, bool compute_delta) {
-      const Tile rows = tile_of(block_mask, q_block, 0);
-      QBlock qb;
-      qb.q_scaled = layout.grouped(q, rows.q_begin, rows.q_end, state->scale);
-      qb.grad_out = layout.grouped(grad_out, rows.q_begin, rows.q_end);
-      qb.lse = layout.grouped(lse_for_p, rows.q_begin, rows.q_end);
-      if (compute_delta) {
-        qb.delta = layout.grouped(out, rows.q_begin, rows.q_end).mul_(qb.grad_out).sum(-1, true);
-        delta.slice(2, rows.q_begin, rows.q_end).copy_(layout.ungrouped(qb.delta));
-      } else {
-        qb.delta = layout.grouped(delta, rows.q_begin, rows.q_end);
-      }
-      return qb;
-    };
-
-    // dS = P * (dP - delta) of one tile, with P returned too (the dK/dV pass needs it).
-    const auto tile_gradients = [&](const QBlock& qb, const Tile& tile, bool partial) {
-      at::Tensor probabilities = tile_scores(qb.q_scaled, kv_tile_fp32(k, tile), state->mask, tile, partial);
-      probabilities.sub_(qb.lse).exp_();
-      at::Tensor grad_scores = at::matmul(qb.grad_out, kv_tile_fp32(v, tile).transpose(-2, -1));
-      grad_scores.sub_(qb.delta).mul_(probabilities);
-      return std::make_pair(probabilities, grad_scores);
-    };
-
-    at::Tensor grad_q = at::empty(q.sizes(), q.options());
-    at::Tensor grad_k = at::empty(k.sizes(), k.options());
-    at::Tensor grad_v = at::empty(v.sizes(), v.options());
-
-    at::parallel_for(0, block_mask.num_q_blocks, 1, [&](int64_t q_block_begin, int64_t q_block_end) {
-      at::NoGradGuard no_grad;
-      for (int64_t q_block = q_block_begin; q_block < q_block_end; ++q_block) {
-        const QBlock qb = q_block_operands(q_block, /*compute_delta=*/true);
-        at::Tensor grad_q_acc = at::zeros_like(qb.q_scaled);
-        for (const BlockRef& kv_block : merged_blocks(block_mask.kv_num_blocks, block_mask.kv_indices,
-                                                      block_mask.full_kv_num_blocks, block_mask.full_kv_indices, q_block)) {
-          const Tile tile = tile_of(block_mask, q_block, kv_block.index);
-          const at::Tensor grad_scores = tile_gradients(qb, tile, kv_block.partial).second;
-          grad_q_acc.add_(at::matmul(grad_scores, kv_tile_fp32(k, tile)));
-        }
-        const Tile rows = tile_of(block_mask, q_block, 0);
-        grad_q.slice(2, rows.q_begin, rows.q_end).copy_(layout.ungrouped(grad_q_acc.mul_(state->scale)));
-      }
-    });
-
-    at::parallel_for(0, block_mask.num_kv_blocks, 1, [&](int64_t kv_block_begin, int64_t kv_block_end) {
-      at::NoGradGuard no_grad;
-      for (int64_t kv_block = kv_block_begin; kv_block < kv_block_end; ++kv_block) {
-        const Tile cols = tile_of(block_mask, 0, kv_block);
-        at::Tensor grad_k_acc =
-            at::zeros({layout.batch, layout.kv_heads, cols.cols(), layout.head_dim}, k.options().dtype(at::kFloat));
-        at::Tensor grad_v_acc = at::zeros_like(grad_k_acc);
-        for (const BlockRef& q_block : merged_blocks(block_mask.q_num_blocks, block_mask.q_indices,
-                                                     block_mask.full_q_num_blocks, block_mask.full_q_indices, kv_block)) {
-          const Tile tile = tile_of(block_mask, q_block.index, kv_block);
-          const QBlock qb = q_block_operands(q_block.index, /*compute_delta=*/false);
-          const auto [probabilities, grad_scores] = tile_gradients(qb, tile, q_block.partial);
-          // The G*rows rows hold every head of the group: these matmuls also reduce GQA.
-          grad_v_acc.add_(at::matmul(probabilities.transpose(-2, -1), qb.grad_out));
-          grad_k_acc.add_(at::matmul(grad_scores.transpose(-2, -1), qb.q_scaled));
-        }
-        grad_k.slice(2, cols.kv_begin, cols.kv_end).copy_(grad_k_acc);
-        grad_v.slice(2, cols.kv_begin, cols.kv_end).copy_(grad_v_acc);
-      }
-    });
-    return {grad_q, grad_k, grad_v, at::Tensor()};
+    FusedGradients grads = cpu_backward(saved[0], saved[1], saved[2], saved[3], saved[4], grad_outputs[0], state.get());
+    return {grads.grad_q, grads.grad_k, grads.grad_v, at::Tensor()};
   }
 };
 
-}  // namespace
-
-at::Tensor fused_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, MaskContext& mask,
-                               double scale, const CpuTileConfig& tiles, DispatchTrace* trace) {
+c10::intrusive_ptr<FusedCpuState> make_state(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             MaskContext& mask, double scale, const CpuTileConfig& tiles,
+                                             DispatchTrace* trace) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
               "fused_attention_cpu: q, k, v must be CPU tensors (got ", q.device(), ", ", k.device(), ", ", v.device(), ")");
   TORCH_CHECK(tiles.block_m > 0 && tiles.block_n > 0, "fused_attention_cpu: tile sizes must be > 0 (got block_m=",
@@ -279,15 +289,43 @@ at::Tensor fused_attention_cpu(const at::Tensor& q, const at::Tensor& k, const a
   state->scale = scale;
   state->trace = trace;
   state->config = "block_m=" + std::to_string(tiles.block_m) + " block_n=" + std::to_string(tiles.block_n);
-  if (trace) {
-    trace->record({"attention_fwd", "fused_cpu", "cpu",
-                   "impl=fused on CPU tensors: tiled ATen ops over the BlockMask (" +
-                       std::to_string(state->block_mask.partial_pairs()) + " partial, " +
-                       std::to_string(state->block_mask.full_pairs()) + " full of " +
-                       std::to_string(state->block_mask.num_q_blocks * state->block_mask.num_kv_blocks) + " blocks)",
-                   state->config});
-  }
+  return state;
+}
+
+void record_forward(const FusedCpuState& state) {
+  if (!state.trace) return;
+  state.trace->record({"attention_fwd", "fused_cpu", "cpu",
+                       "impl=fused on CPU tensors: tiled ATen ops over the BlockMask (" +
+                           std::to_string(state.block_mask.partial_pairs()) + " partial, " +
+                           std::to_string(state.block_mask.full_pairs()) + " full of " +
+                           std::to_string(state.block_mask.num_q_blocks * state.block_mask.num_kv_blocks) + " blocks)",
+                       state.config});
+}
+
+}  // namespace
+
+at::Tensor fused_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, MaskContext& mask,
+                               double scale, const CpuTileConfig& tiles, DispatchTrace* trace) {
+  auto state = make_state(q, k, v, mask, scale, tiles, trace);
+  record_forward(*state);
   return FusedAttentionCpu::apply(q, k, v, state);
+}
+
+FusedForward fused_attention_cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, MaskContext& mask,
+                                         double scale, const CpuTileConfig& tiles, DispatchTrace* trace) {
+  const auto state = make_state(q, k, v, mask, scale, tiles, trace);
+  record_forward(*state);
+  at::NoGradGuard no_grad;
+  return cpu_forward(q, k, v, state.get());
+}
+
+FusedGradients fused_attention_cpu_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                            MaskContext& mask, double scale, const CpuTileConfig& tiles,
+                                            DispatchTrace* trace) {
+  const auto state = make_state(q, k, v, mask, scale, tiles, trace);
+  at::NoGradGuard no_grad;
+  return cpu_backward(q, k, v, out, lse, grad_out, state.get());
 }
 
 }  // namespace harness::kernels

@@ -10,6 +10,13 @@ if [[ ! -f sqlite3/usr/include/sqlite3.h ]]; then
   dpkg -x libsqlite3-dev_*.deb sqlite3
   rm -f libsqlite3-dev_*.deb
 fi
+# pytest for tests/python (scripts/gpu_check_python.sh): pure-Python wheels unpacked into
+# .deps/python, put on PYTHONPATH there when the image's python3 has no pytest.
+if [[ ! -d python/pytest ]]; then
+  python3 -m pip download -q --no-deps -d wheels pytest pluggy iniconfig packaging
+  mkdir -p python && for wheel in wheels/*.whl; do python3 -m zipfile -e "$wheel" python; done
+  rm -rf wheels
+fi
 # The device copy of the tree has no .git: record the commit for the env fingerprint.
 commit=$(git -C "$root" rev-parse HEAD)
 [[ -z "$(git -C "$root" status --porcelain --untracked-files=no)" ]] || commit="$commit-dirty"

@@ -33,6 +33,8 @@ if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version" pandas matplotlib nbconvert nbclient ipykernel
 fi
+# pytest runs tests/python (the Python package) under CTest.
+"$venv/bin/python" -c 'import pytest' 2>/dev/null || "$venv/bin/pip" install -q --disable-pip-version-check pytest
 torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 
 launcher=()

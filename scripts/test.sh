@@ -8,3 +8,9 @@ build_dir=${BUILD_DIR:-$root/build}
 cd "$build_dir"
 ctest --output-on-failure "$@"
 "$root/scripts/tsan.sh"  # ThreadSanitizer over the autotuner and the race experiment (torch-free build-tsan/)
+# The pip route in a fresh venv (scripts/test_install.sh: a second full build into build-pip/, against
+# the venv's own torch). Opt-in: HARNESS_TEST_INSTALL=1. Its venv is kept in ~/.cache/harness/install-test
+# so that a rerun reuses torch and ccache (see python/README.md for the measured times).
+if [[ "${HARNESS_TEST_INSTALL:-0}" == 1 ]]; then
+  WORK_DIR=${HARNESS_INSTALL_TEST_DIR:-$HOME/.cache/harness/install-test} "$root/scripts/test_install.sh"
+fi

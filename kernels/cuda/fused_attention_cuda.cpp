@@ -236,6 +236,58 @@ AutotuneKey tuning_key(const char* op, const FusedCudaState& state) {
   return AutotuneKey::attention(name, state.shape.head_dim, "bf16", state.mask_kind, state.shape.q_len, state.shape.kv_len);
 }
 
+//! The forward kernels: out and the LSE, without autograd (picks state->fwd_kernel).
+FusedForward run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, FusedCudaState* state) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  TORCH_CHECK(state->forward_mask != nullptr, "fused_cuda attention: forward without its mask");
+  MaskContext& mask = *state->forward_mask;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  // The parameters of kernel `kernel` at its own tiling (its BlockMask, cached in the MaskContext)
+  // writing `out` and `lse`, with `scratch` sized for it.
+  auto params_for = [&](kc::FwdKernel kernel, at::Tensor& scratch) {
+    const kc::TileShape tile = kc::fwd_tile_shape(state->shape, kernel);
+    kc::FwdParams params;
+    params.kernel = kernel;
+    params.shape = state->shape;
+    params.q = tensor_ref(q);
+    params.k = tensor_ref(k);
+    params.v = tensor_ref(v);
+    params.o = tensor_ref(out);
+    params.lse = lse.data_ptr<float>();
+    params.scale = state->scale;
+    params.mask = state->mask;
+    params.blocks = block_list(mask.block_mask(tile.block_m, tile.block_n, q.device()));
+    scratch = at::empty({static_cast<int64_t>(kc::fwd_scratch_bytes(params.shape, params.blocks, kernel))},
+                        q.options().dtype(at::kByte));
+    params.scratch = scratch.data_ptr();
+    params.scratch_bytes = static_cast<size_t>(scratch.numel());
+    return params;
+  };
+  launch([&] {
+    static const std::vector<std::string> names = kernel_names(kc::fwd_kernels(), kc::fwd_kernel_name);
+    // Candidates write the real out and lse (the chosen kernel overwrites them below), so tuning
+    // adds no output-sized memory to the step; what stays is each candidate's BlockMask.
+    const TimingFunction time = [&](const std::string& name) {
+      kc::FwdKernel kernel;
+      kc::parse_fwd_kernel(name, &kernel);
+      at::Tensor scratch;
+      const kc::FwdParams params = params_for(kernel, scratch);  // shapes were checked above: no UnsupportedConfig here
+      return time_candidate_ms(stream, [&] { kc::run_attention_fwd(params, stream); });
+    };
+    const KernelPick pick = pick_kernel(state->requested_fwd, "HARNESS_CUDA_FWD_KERNEL", names,
+                                        kc::fwd_kernel_name(kc::default_fwd_kernel(state->shape)),
+                                        tuning_key("attention_fwd", *state), time, q.device().index());
+    kc::parse_fwd_kernel(pick.name, &state->fwd_kernel);
+    state->fwd_how = pick.how;
+    at::Tensor scratch;
+    const kc::FwdParams params = params_for(state->fwd_kernel, scratch);
+    kc::run_attention_fwd(params, stream);
+  });
+  return {out, lse};
+}
+
 //! With deterministic=true, a backward kernel forced by the call's options or HARNESS_CUDA_BWD_KERNEL
 //! must be a deterministic one: anything else is refused (before any work, from the forward).
 void require_deterministic_choice(const FusedCudaState& state) {
@@ -250,143 +302,108 @@ void require_deterministic_choice(const FusedCudaState& state) {
   }
 }
 
+//! The backward kernels from the forward's out and LSE, without autograd.
+FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                            const at::Tensor& lse, const at::Tensor& grad_out, const FusedCudaState* state) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  TORCH_CHECK(grad_out.sizes() == out.sizes(), "fused_cuda attention backward: expected one gradient shaped like the output");
+  const at::Tensor dout = kernel_layout(grad_out.to(at::kBFloat16));
+  at::Tensor dq = at::empty(q.sizes(), q.options());
+  at::Tensor dk = at::empty(k.sizes(), k.options());
+  at::Tensor dv = at::empty(v.sizes(), v.options());
+
+  kc::BwdParams params;
+  params.shape = state->shape;
+  params.q = tensor_ref(q);
+  params.k = tensor_ref(k);
+  params.v = tensor_ref(v);
+  params.o = tensor_ref(out);
+  params.dout = tensor_ref(dout);
+  params.dq = tensor_ref(dq);
+  params.dk = tensor_ref(dk);
+  params.dv = tensor_ref(dv);
+  params.lse = lse.data_ptr<float>();
+  params.scale = state->scale;
+  params.mask = state->mask;
+  params.dq_blocks = block_list(state->dq_blocks);
+  params.dkdv_blocks = block_list(state->dkdv_blocks);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  at::Tensor scratch;
+  KernelPick pick;
+  // Scratch sized for `kernel` (wgmma_atomic adds its fp32 dQ accumulator), grown when needed.
+  auto with_scratch = [&](kc::BwdParams& trial) {
+    const auto need = static_cast<int64_t>(kc::bwd_scratch_bytes(trial.shape, trial.dq_blocks, trial.dkdv_blocks, trial.kernel));
+    if (!scratch.defined() || scratch.numel() < need) scratch = at::empty({need}, q.options().dtype(at::kByte));
+    trial.scratch = scratch.data_ptr();
+    trial.scratch_bytes = static_cast<size_t>(scratch.numel());
+  };
+  launch([&] {
+    // deterministic=true: only the bitwise-reproducible kernels are candidates (own tuning key).
+    static const std::vector<std::string> all_names = kernel_names(kc::bwd_kernels(), kc::bwd_kernel_name);
+    static const std::vector<std::string> deterministic_names =
+        kernel_names(kc::deterministic_bwd_kernels(), kc::bwd_kernel_name);
+    const std::vector<std::string>& names = state->deterministic ? deterministic_names : all_names;
+    require_deterministic_choice(*state);  // checked in the forward already; the environment may have changed
+    // Candidates write the real gradients (the chosen kernel overwrites them below), so tuning
+    // adds no gradient-sized memory to the step.
+    const TimingFunction time = [&](const std::string& name) {
+      kc::BwdParams trial = params;
+      kc::parse_bwd_kernel(name, &trial.kernel);
+      with_scratch(trial);
+      return time_candidate_ms(stream, [&] { kc::run_attention_bwd(trial, stream); });
+    };
+    pick = pick_kernel(state->requested_bwd, "HARNESS_CUDA_BWD_KERNEL", names,
+                       kc::bwd_kernel_name(kc::default_bwd_kernel(state->deterministic)),
+                       tuning_key(state->deterministic ? "attention_bwd_deterministic" : "attention_bwd", *state), time,
+                       q.device().index());
+    kc::parse_bwd_kernel(pick.name, &params.kernel);
+    with_scratch(params);
+    kc::run_attention_bwd(params, stream);
+  });
+  if (state->trace) {
+    const bool bitwise = kc::bwd_kernel_is_deterministic(params.kernel);
+    state->trace->record(
+        {"attention_bwd", "fused_cuda", q.device().str(),
+         std::string("fused backward: P recomputed from the LSE, dK/dV per kv block over the GQA group's heads; ") +
+             (bitwise ? "dQ per q block, no atomics: bitwise deterministic"
+                      : "dQ summed in fp32 by atomic bulk adds (5 GEMMs per pair): NOT bitwise deterministic") +
+             " (deterministic=" + (state->deterministic ? "true" : "false") + " asked); kernel " + pick.name + " " +
+             pick.how,
+         kc::describe_bwd_config(state->shape, params.kernel), pick.name});
+  }
+  return {dq, dk, dv};
+}
+
 class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const c10::intrusive_ptr<FusedCudaState>& state) {
-    const c10::cuda::CUDAGuard guard(q.device());
-    at::Tensor out = at::empty(q.sizes(), q.options());
-    at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-    TORCH_CHECK(state->forward_mask != nullptr, "fused_cuda attention: forward without its mask");
-    MaskContext& mask = *state->forward_mask;
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    // The parameters of kernel `kernel` at its own tiling (its BlockMask, cached in the MaskContext)
-    // writing `out` and `lse`, with `scratch` sized for it.
-    auto params_for = [&](kc::FwdKernel kernel, at::Tensor& scratch) {
-      const kc::TileShape tile = kc::fwd_tile_shape(state->shape, kernel);
-      kc::FwdParams params;
-      params.kernel = kernel;
-      params.shape = state->shape;
-      params.q = tensor_ref(q);
-      params.k = tensor_ref(k);
-      params.v = tensor_ref(v);
-      params.o = tensor_ref(out);
-      params.lse = lse.data_ptr<float>();
-      params.scale = state->scale;
-      params.mask = state->mask;
-      params.blocks = block_list(mask.block_mask(tile.block_m, tile.block_n, q.device()));
-      scratch = at::empty({static_cast<int64_t>(kc::fwd_scratch_bytes(params.shape, params.blocks, kernel))},
-                          q.options().dtype(at::kByte));
-      params.scratch = scratch.data_ptr();
-      params.scratch_bytes = static_cast<size_t>(scratch.numel());
-      return params;
-    };
-    launch([&] {
-      static const std::vector<std::string> names = kernel_names(kc::fwd_kernels(), kc::fwd_kernel_name);
-      // Candidates write the real out and lse (the chosen kernel overwrites them below), so tuning
-      // adds no output-sized memory to the step; what stays is each candidate's BlockMask.
-      const TimingFunction time = [&](const std::string& name) {
-        kc::FwdKernel kernel;
-        kc::parse_fwd_kernel(name, &kernel);
-        at::Tensor scratch;
-        const kc::FwdParams params = params_for(kernel, scratch);  // shapes were checked above: no UnsupportedConfig here
-        return time_candidate_ms(stream, [&] { kc::run_attention_fwd(params, stream); });
-      };
-      const KernelPick pick = pick_kernel(state->requested_fwd, "HARNESS_CUDA_FWD_KERNEL", names,
-                                          kc::fwd_kernel_name(kc::default_fwd_kernel(state->shape)),
-                                          tuning_key("attention_fwd", *state), time, q.device().index());
-      kc::parse_fwd_kernel(pick.name, &state->fwd_kernel);
-      state->fwd_how = pick.how;
-      at::Tensor scratch;
-      const kc::FwdParams params = params_for(state->fwd_kernel, scratch);
-      kc::run_attention_fwd(params, stream);
-    });
-    ctx->save_for_backward({q, k, v, out, lse});
+    FusedForward result = run_forward(q, k, v, state.get());
+    ctx->save_for_backward({q, k, v, result.out, result.lse});
     // saved_data holds IValues only; a capsule carries the state without registering a class.
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
-    return out;
+    return result.out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const auto state = c10::static_intrusive_pointer_cast<FusedCudaState>(ctx->saved_data["state"].toCapsule());
-    const c10::cuda::CUDAGuard guard(q.device());
-    TORCH_CHECK(grad_outputs.size() == 1 && grad_outputs[0].sizes() == out.sizes(),
-                "fused_cuda attention backward: expected one gradient shaped like the output");
-    const at::Tensor dout = kernel_layout(grad_outputs[0].to(at::kBFloat16));
-    at::Tensor dq = at::empty(q.sizes(), q.options());
-    at::Tensor dk = at::empty(k.sizes(), k.options());
-    at::Tensor dv = at::empty(v.sizes(), v.options());
-
-    kc::BwdParams params;
-    params.shape = state->shape;
-    params.q = tensor_ref(q);
-    params.k = tensor_ref(k);
-    params.v = tensor_ref(v);
-    params.o = tensor_ref(out);
-    params.dout = tensor_ref(dout);
-    params.dq = tensor_ref(dq);
-    params.dk = tensor_ref(dk);
-    params.dv = tensor_ref(dv);
-    params.lse = lse.data_ptr<float>();
-    params.scale = state->scale;
-    params.mask = state->mask;
-    params.dq_blocks = block_list(state->dq_blocks);
-    params.dkdv_blocks = block_list(state->dkdv_blocks);
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    at::Tensor scratch;
-    KernelPick pick;
-    // Scratch sized for `kernel` (wgmma_atomic adds its fp32 dQ accumulator), grown when needed.
-    auto with_scratch = [&](kc::BwdParams& trial) {
-      const auto need = static_cast<int64_t>(kc::bwd_scratch_bytes(trial.shape, trial.dq_blocks, trial.dkdv_blocks, trial.kernel));
-      if (!scratch.defined() || scratch.numel() < need) scratch = at::empty({need}, q.options().dtype(at::kByte));
-      trial.scratch = scratch.data_ptr();
-      trial.scratch_bytes = static_cast<size_t>(scratch.numel());
-    };
-    launch([&] {
-      // deterministic=true: only the bitwise-reproducible kernels are candidates (own tuning key).
-      static const std::vector<std::string> all_names = kernel_names(kc::bwd_kernels(), kc::bwd_kernel_name);
-      static const std::vector<std::string> deterministic_names =
-          kernel_names(kc::deterministic_bwd_kernels(), kc::bwd_kernel_name);
-      const std::vector<std::string>& names = state->deterministic ? deterministic_names : all_names;
-      require_deterministic_choice(*state);  // checked in the forward already; the environment may have changed
-      // Candidates write the real gradients (the chosen kernel overwrites them below), so tuning
-      // adds no gradient-sized memory to the step.
-      const TimingFunction time = [&](const std::string& name) {
-        kc::BwdParams trial = params;
-        kc::parse_bwd_kernel(name, &trial.kernel);
-        with_scratch(trial);
-        return time_candidate_ms(stream, [&] { kc::run_attention_bwd(trial, stream); });
-      };
-      pick = pick_kernel(state->requested_bwd, "HARNESS_CUDA_BWD_KERNEL", names,
-                         kc::bwd_kernel_name(kc::default_bwd_kernel(state->deterministic)),
-                         tuning_key(state->deterministic ? "attention_bwd_deterministic" : "attention_bwd", *state), time,
-                         q.device().index());
-      kc::parse_bwd_kernel(pick.name, &params.kernel);
-      with_scratch(params);
-      kc::run_attention_bwd(params, stream);
-    });
-    if (state->trace) {
-      const bool bitwise = kc::bwd_kernel_is_deterministic(params.kernel);
-      state->trace->record(
-          {"attention_bwd", "fused_cuda", q.device().str(),
-           std::string("fused backward: P recomputed from the LSE, dK/dV per kv block over the GQA group's heads; ") +
-               (bitwise ? "dQ per q block, no atomics: bitwise deterministic"
-                        : "dQ summed in fp32 by atomic bulk adds (5 GEMMs per pair): NOT bitwise deterministic") +
-               " (deterministic=" + (state->deterministic ? "true" : "false") + " asked); kernel " + pick.name + " " +
-               pick.how,
-           kc::describe_bwd_config(state->shape, params.kernel), pick.name});
-    }
-    return {dq, dk, dv, at::Tensor()};
+    TORCH_CHECK(grad_outputs.size() == 1, "fused_cuda attention backward: expected one gradient");
+    FusedGradients grads = run_backward(saved[0], saved[1], saved[2], saved[3], saved[4], grad_outputs[0], state.get());
+    return {grads.grad_q, grads.grad_k, grads.grad_v, at::Tensor()};
   }
 };
 
-}  // namespace
+//! Checked inputs in the kernels' layout and the state of one call.
+struct PreparedCall {
+  at::Tensor q, k, v;
+  c10::intrusive_ptr<FusedCudaState> state;
+};
 
-at::Tensor fused_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, MaskContext& mask,
-                                double scale, bool deterministic, DispatchTrace* trace, const CudaKernelChoice& kernels) {
+
+PreparedCall prepare_call(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, MaskContext& mask,
+                          double scale, bool deterministic, DispatchTrace* trace, const CudaKernelChoice& kernels) {
   TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4, "fused_cuda attention: q, k, v must be 4-D [B, H, L, D]");
   if (!q_in.is_cuda()) {
     throw UnsupportedError("fused_cuda attention: tensors are on " + q_in.device().str() + ", the kernels need a CUDA device");
@@ -435,8 +452,6 @@ at::Tensor fused_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, 
   state->anchors = mask.anchors(q.device());
   state->doc_id = mask.doc_id(q.device());
   state->mask = kc::mask_params(resolved, state->anchors, state->doc_id, kWho);
-  TORCH_CHECK(resolved.kind != MaskKind::document_causal || state->doc_id.numel() >= resolved.kv_len,
-              "fused_cuda attention: the document_causal mask needs a document id per KV position");
 
   kc::TileShape dq_tile, dkdv_tile;
   launch([&] {
@@ -450,17 +465,47 @@ at::Tensor fused_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, 
   state->dkdv_blocks = mask.block_mask(dkdv_tile.block_m, dkdv_tile.block_n, q.device());
 
   state->requested_fwd = kernels.fwd;
-  state->forward_mask = &mask;
-  at::Tensor out = FusedAttentionCuda::apply(q, k, v, state);
-  state->forward_mask = nullptr;
-  if (trace) {
-    trace->record({"attention_fwd", "fused_cuda", q.device().str(),
-                   "impl=fused on CUDA: block-sparse flash attention (bf16, online softmax, LSE saved), empty blocks "
-                   "skipped, full blocks without mask work; kernel " + std::string(kc::fwd_kernel_name(state->fwd_kernel)) +
-                       " " + state->fwd_how,
-                   kc::describe_fwd_config(state->shape, state->fwd_kernel), kc::fwd_kernel_name(state->fwd_kernel)});
-  }
+  return {q, k, v, state};
+}
+
+void record_forward(const FusedCudaState& state, const at::Device& device) {
+  if (!state.trace) return;
+  state.trace->record({"attention_fwd", "fused_cuda", device.str(),
+                       "impl=fused on CUDA: block-sparse flash attention (bf16, online softmax, LSE saved), empty blocks "
+                       "skipped, full blocks without mask work; kernel " + std::string(kc::fwd_kernel_name(state.fwd_kernel)) +
+                           " " + state.fwd_how,
+                       kc::describe_fwd_config(state.shape, state.fwd_kernel), kc::fwd_kernel_name(state.fwd_kernel)});
+}
+
+}  // namespace
+
+at::Tensor fused_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, MaskContext& mask,
+                                double scale, bool deterministic, DispatchTrace* trace, const CudaKernelChoice& kernels) {
+  PreparedCall call = prepare_call(q_in, k_in, v_in, mask, scale, deterministic, trace, kernels);
+  call.state->forward_mask = &mask;
+  at::Tensor out = FusedAttentionCuda::apply(call.q, call.k, call.v, call.state);
+  call.state->forward_mask = nullptr;
+  record_forward(*call.state, call.q.device());
   return out;
+}
+
+FusedForward fused_attention_cuda_forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                          MaskContext& mask, double scale, bool deterministic, DispatchTrace* trace,
+                                          const CudaKernelChoice& kernels) {
+  PreparedCall call = prepare_call(q_in, k_in, v_in, mask, scale, deterministic, trace, kernels);
+  call.state->forward_mask = &mask;
+  FusedForward result = run_forward(call.q, call.k, call.v, call.state.get());
+  call.state->forward_mask = nullptr;
+  record_forward(*call.state, call.q.device());
+  return result;
+}
+
+FusedGradients fused_attention_cuda_backward(const at::Tensor& grad_out, const at::Tensor& q_in, const at::Tensor& k_in,
+                                             const at::Tensor& v_in, const at::Tensor& out, const at::Tensor& lse,
+                                             MaskContext& mask, double scale, bool deterministic, DispatchTrace* trace,
+                                             const CudaKernelChoice& kernels) {
+  PreparedCall call = prepare_call(q_in, k_in, v_in, mask, scale, deterministic, trace, kernels);
+  return run_backward(call.q, call.k, call.v, kernel_layout(out), lse.contiguous(), grad_out, call.state.get());
 }
 
 }  // namespace harness::kernels

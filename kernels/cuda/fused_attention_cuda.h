@@ -21,4 +21,14 @@ at::Tensor fused_attention_cuda(const at::Tensor& q, const at::Tensor& k, const 
                                 double scale, bool deterministic, DispatchTrace* trace,
                                 const CudaKernelChoice& kernels = {});
 
+//! The same kernels without autograd (the torch op, python/): the forward returns out and the LSE;
+//! the backward takes them back. Same checks, kernel choice and dispatch records as above.
+FusedForward fused_attention_cuda_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, MaskContext& mask,
+                                          double scale, bool deterministic, DispatchTrace* trace,
+                                          const CudaKernelChoice& kernels = {});
+FusedGradients fused_attention_cuda_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                             MaskContext& mask, double scale, bool deterministic, DispatchTrace* trace,
+                                             const CudaKernelChoice& kernels = {});
+
 }  // namespace harness::kernels
