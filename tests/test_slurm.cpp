@@ -1,6 +1,7 @@
 // The Slurm command layer without a cluster: squeue's output as this Slurm (22.05) prints it, and
 // the batch script `harness run --slurm` submits.
 
+#include "core/errors.h"
 #include "harness/slurm.h"
 #include "tests/catch.h"
 
