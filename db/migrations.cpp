@@ -21,7 +21,7 @@ struct Migration {
 
 // JSON columns are TEXT holding canonical_json(); timestamps are ISO 8601 UTC text, which
 // sorts chronologically.
-constexpr std::array<Migration, 3> kMigrations = {{
+constexpr std::array<Migration, 4> kMigrations = {{
     {1, "initial layout", R"sql(
 CREATE TABLE envs (
   id         TEXT PRIMARY KEY,  -- sha256 of the canonical env JSON
@@ -96,6 +96,30 @@ CREATE INDEX artifacts_by_run ON artifacts(run_id);
 )sql"},
     {3, "trial details (kind-specific evidence)", R"sql(
 ALTER TABLE trials ADD COLUMN details TEXT NOT NULL DEFAULT '{}';
+)sql"},
+    // A Slurm run's tasks each write a shard: a harness db of its own whose shard_info says which
+    // run of which main db its runs belong to (empty in a main db). shard_merges, in the main db,
+    // makes merging idempotent: one row per (run, task attempt) already merged.
+    {4, "Slurm shards and their merges", R"sql(
+CREATE TABLE shard_info (
+  shard_run_id INTEGER PRIMARY KEY REFERENCES runs(id),  -- the run row inside the shard
+  main_run_id  INTEGER NOT NULL,  -- the run it belongs to, in the main db
+  run_token    TEXT NOT NULL,     -- random, also in the main run's args.slurm.token
+  task         INTEGER NOT NULL,  -- Slurm array task id
+  attempt      INTEGER NOT NULL,  -- 0 for the first run of the task, n after n requeues
+  slurm        TEXT NOT NULL,     -- JSON: job ids, node, as the task saw them
+  created_at   TEXT NOT NULL,
+  finished_at  TEXT NOT NULL      -- '' until every trial of the task attempt has run
+);
+CREATE TABLE shard_merges (
+  id        INTEGER PRIMARY KEY,
+  run_id    INTEGER NOT NULL REFERENCES runs(id),
+  shard_key TEXT NOT NULL,        -- "task-T.attempt-A"
+  path      TEXT NOT NULL,
+  trials    INTEGER NOT NULL,
+  merged_at TEXT NOT NULL,
+  UNIQUE (run_id, shard_key)
+);
 )sql"},
 }};
 

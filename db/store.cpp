@@ -45,7 +45,7 @@ void enable_wal(sqlite3* db, const std::string& path) {
 
 // Opens `path` with the settings every connection needs, and checks what the file is before
 // anything writes to it.
-Connection open_connection(const std::string& path) {
+Connection open_connection(const std::string& path, Journal journal = Journal::kWal) {
   sqlite3* raw = nullptr;
   const int rc = sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
   Connection db(raw);
@@ -56,7 +56,11 @@ Connection open_connection(const std::string& path) {
   // database"); a db newer than this binary is left untouched, not even switched to WAL.
   detail::check_not_newer(detail::read_schema_version(raw, path), path);
   detail::exec_sql(raw, path, "PRAGMA foreign_keys = ON", "open");
-  enable_wal(raw, path);
+  if (journal == Journal::kWal) {
+    enable_wal(raw, path);
+  } else {
+    detail::exec_sql(raw, path, "PRAGMA journal_mode = DELETE", "switch to a rollback journal");
+  }
   return db;
 }
 
@@ -151,8 +155,8 @@ void create_schema_at_version(const std::string& path, int version) {
   detail::migrate(db.get(), path, version);
 }
 
-Store::Store(const std::string& path) : path_(path) {
-  Connection db = open_connection(path_);
+Store::Store(const std::string& path, Journal journal) : path_(path) {
+  Connection db = open_connection(path_, journal);
   detail::migrate(db.get(), path_, current_schema_version());
   db_ = db.release();
 }
@@ -305,6 +309,16 @@ void Store::finish_run(int64_t run_id, const std::string& status, const std::str
       .bind_text(4, canonical_json(evidence))
       .bind_text(5, error)
       .bind_text(6, now_iso8601());
+  update.run();
+  if (sqlite3_changes(db_) == 0) throw DbError(path_ + ": " + operation + ": no such run");
+  transaction.commit();
+}
+
+void Store::set_run_args(int64_t run_id, const nlohmann::json& args) {
+  const std::string operation = "set args of run " + std::to_string(run_id);
+  Transaction transaction(db_, path_, Transaction::Mode::kWrite, operation);
+  Statement update(db_, path_, "UPDATE runs SET args = ?2 WHERE id = ?1", operation);
+  update.bind_int(1, run_id).bind_text(2, canonical_json(args));
   update.run();
   if (sqlite3_changes(db_) == 0) throw DbError(path_ + ": " + operation + ": no such run");
   transaction.commit();

@@ -21,6 +21,13 @@ class DbError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+//! A shard that merge_shard or read_shard_runs refuses (not a valid shard, another schema version,
+//! another run or db, unfinished): bad input rather than a failing store.
+class ShardRefused : public DbError {
+ public:
+  using DbError::DbError;
+};
+
 //! The schema version this binary writes.
 int current_schema_version();
 
@@ -107,11 +114,56 @@ struct ExperimentRow {
   std::string created_at;
 };
 
+//! How a connection journals writes: WAL (the default: readers never block the writer) or a
+//! rollback journal (a Slurm task's shard on shared storage: WAL's shared-memory index only works
+//! for processes of one host, and a shard is written on one node and merged on another).
+enum class Journal { kWal, kRollback };
+
+//! A run inside a shard and the run of the main db it belongs to (db/README.md, "Shards").
+struct ShardRun {
+  int64_t shard_run_id = 0;  //!< the run row inside the shard
+  int64_t main_run_id = 0;   //!< the run in the main db
+  std::string run_token;     //!< must equal the main run's args.slurm.token
+  int task = 0;              //!< Slurm array task id
+  int attempt = 0;           //!< 0 for the first run of the task, n after n requeues
+  nlohmann::json slurm = nlohmann::json::object();  //!< job ids and node, as the task saw them
+  std::string finished_at;   //!< "" until every trial of the attempt ran
+};
+
+//! What merge_shard checks and writes.
+struct MergeOptions {
+  std::optional<int64_t> run_id;  //!< refuse a shard of any other run
+  std::string slurm_state;        //!< written into each merged trial's details.slurm.state ("" leaves it)
+  bool allow_unfinished = false;  //!< merge an attempt that did not finish (its task ended in Slurm)
+  bool check_only = false;        //!< every check, nothing written (to check many shards before merging any)
+};
+
+//! One shard run merged (or found merged before).
+struct MergeResult {
+  int64_t run_id = 0;      //!< run of the main db
+  std::string shard_key;   //!< "task-T.attempt-A"
+  bool already_merged = false;
+  int64_t trials = 0, metrics = 0, artifacts = 0;
+};
+
+//! A merge recorded in the main db.
+struct ShardMerge {
+  int64_t run_id = 0;
+  std::string shard_key;
+  std::string path;
+  int64_t trials = 0;
+  std::string merged_at;
+};
+
+//! The shard runs of a shard file, after checking it: a SQLite db that passes quick_check, at
+//! this binary's schema version, with shard_info rows. DbError naming the file otherwise.
+std::vector<ShardRun> read_shard_runs(const std::string& shard_path);
+
 //! Connection to one db file. Not shared between threads; open one per thread/process.
 class Store {
  public:
   //! Opens (creating if needed) and migrates the db at `path`. Throws DbError.
-  explicit Store(const std::string& path);
+  explicit Store(const std::string& path, Journal journal = Journal::kWal);
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
@@ -136,6 +188,23 @@ class Store {
   //! Ends a run with its status, verdict and evidence.
   void finish_run(int64_t run_id, const std::string& status, const std::string& verdict,
                   const nlohmann::json& evidence, const std::string& error = "");
+
+  //! Replaces a run's args (a Slurm run records its job id once sbatch answered).
+  void set_run_args(int64_t run_id, const nlohmann::json& args);
+
+  //! Marks this db as a shard: `shard_run` says which main run its run belongs to.
+  void add_shard_run(const ShardRun& shard_run);
+  //! Records that every trial of the shard run ran.
+  void finish_shard_run(int64_t shard_run_id);
+  //! Merges every run of the shard at `shard_path` into the main run it names, each in one
+  //! transaction: trials (ids renumbered), metrics, artifacts, envs (so each node's toolchain is
+  //! kept); the run gets the shard's env when it has none. Idempotent: a shard run already merged
+  //! is skipped (already_merged). DbError, with nothing written, for a file that is not a valid
+  //! shard, of another schema version, of a run this db does not have or of another db (token),
+  //! of another run than options.run_id, or unfinished without allow_unfinished.
+  std::vector<MergeResult> merge_shard(const std::string& shard_path, const MergeOptions& options = {});
+  //! Merges recorded for a run, oldest first.
+  std::vector<ShardMerge> list_shard_merges(int64_t run_id) const;
 
   std::vector<Run> list_runs(const RunFilter& filter = {}) const;
   std::optional<RunDetail> get_run(int64_t run_id) const;

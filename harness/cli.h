@@ -22,9 +22,14 @@ Action add_diff_command(CLI::App& app, GlobalOptions& options);
 Action add_writeup_command(CLI::App& app, GlobalOptions& options);
 Action add_explain_command(CLI::App& app, GlobalOptions& options);
 Action add_replay_command(CLI::App& app, GlobalOptions& options);
+//! `slurm status|collect|cancel RUN` and `db merge SHARD...` (Slurm runs, docs/RUNNING.md).
+Action add_slurm_command(CLI::App& app, GlobalOptions& options);
+Action add_db_command(CLI::App& app, GlobalOptions& options);
 //! Hidden: `__trial` (one trial inside the child) and `__env` (fingerprint of a device, in a child).
 Action add_trial_command(CLI::App& app, GlobalOptions& options);
 Action add_env_child_command(CLI::App& app, GlobalOptions& options);
+//! Hidden: `__slurm-task` (one Slurm array task's trials, into its shard).
+Action add_slurm_task_command(CLI::App& app, GlobalOptions& options);
 
 //! Adds --db, --json, --log-level and --experiments-dir to a subcommand.
 void add_global_options(CLI::App& command, GlobalOptions& options);

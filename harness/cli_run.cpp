@@ -17,16 +17,16 @@
 #include <fmt/format.h>
 
 #include "db/store.h"
-#include "experiments/memory_model.h"
-#include "experiments/scaling.h"
 #include "experiments/spec.h"
 #include "experiments/verdict.h"
 #include "experiments/sweep.h"
 #include "harness/cli.h"
 #include "core/printer.h"
 #include "core/python_env.h"
+#include "harness/run_plan.h"
 #include "harness/run_report.h"
 #include "harness/run_support.h"
+#include "harness/slurm_run.h"
 #include "harness/summary.h"
 
 namespace harness {
@@ -47,29 +47,21 @@ struct RunArgs {
   std::string python = "python3";
   bool keep_capsules = false;
   double env_timeout_s = 180.0;
-};
-
-//! One experiment of the invocation: its spec, points and run row, and what its trials gave.
-struct PlannedRun {
-  std::string spec_path;
-  spec::Spec spec;
-  std::vector<nlohmann::json> points;
-  std::vector<spec::Spec> point_specs;
-  std::vector<std::string> point_files;
-  int64_t run_id = 0;
-  size_t pending = 0;  //!< trials not finished yet
-  std::vector<db::Metric> metrics;
-  std::vector<std::map<std::string, spec::VariantOutcome>> outcomes;  //!< per point
-  bool any_failed = false;
-  bool interrupted = false;
-  bool finished = false;
-};
-
-//! One trial to run.
-struct Job {
-  size_t run = 0;
-  size_t point = 0;
-  size_t variant = 0;
+  // Slurm (docs/RUNNING.md, "On a Slurm cluster").
+  bool slurm = false;
+  bool slurm_dry_run = false;
+  bool no_wait = false;
+  slurm::JobRequest request;
+  int retries = 2;
+  int trials_per_task = 1;
+  std::string slurm_dir;
+  //! Whether any Slurm-only option was given (an error without --slurm).
+  bool any_slurm_option() const {
+    return no_wait || !request.partition.empty() || !request.account.empty() || !request.time.empty() ||
+           request.gpus_per_task != 0 || request.cpus_per_task != 0 || !request.mem.empty() ||
+           request.array_parallel != 0 || !request.extra_args.empty() || retries != 2 || trials_per_task != 1 ||
+           !slurm_dir.empty();
+  }
 };
 
 std::vector<std::string> all_experiment_specs(const std::vector<std::string>& dirs) {
@@ -107,114 +99,6 @@ void check_fail_on(const std::vector<std::string>& fail_on) {
       continue;
     throw UsageError(fmt::format("--fail-on '{}': expected failed, invalid or verdict=NAME", condition));
   }
-}
-
-// The CUDA kernel a fused trial ran for `op` (attention_fwd, attention_bwd), from its dispatch
-// records, or "" when it ran none (dense, CPU, failed before that phase).
-std::string cuda_kernel_of(const nlohmann::json& dispatch, const std::string& op) {
-  if (!dispatch.is_array()) return "";
-  for (const auto& record : dispatch) {
-    if (record.is_object() && record.value("op", "") == op && record.value("impl", "") == "fused_cuda")
-      return record.value("kernel", "");
-  }
-  return "";
-}
-
-// The memory model's prediction for each attention variant at each point, stored as metrics beside
-// the measured peaks so that `show`, diff and writeups put them side by side. On CUDA it models
-// the kernels the trial's autotuner picked (the forward's tiling sets the schedule scratch, the
-// backward's kind whether a dQ accumulator is allocated).
-std::vector<db::Metric> model_metrics(const spec::Spec& point_spec, const nlohmann::json& point,
-                                      const std::string& variant, const std::string& device,
-                                      const nlohmann::json& dispatch) {
-  memory_model::ModelOptions model_options;
-  model_options.cuda_fwd_kernel = cuda_kernel_of(dispatch, "attention_fwd");
-  model_options.cuda_bwd_kernel = cuda_kernel_of(dispatch, "attention_bwd");
-  memory_model::Prediction prediction;
-  const std::string device_kind = device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
-  try {
-    prediction = memory_model::predict(point_spec, variant, device_kind, model_options);
-  } catch (const std::invalid_argument&) {  // a kernel this build does not know: model the default
-    prediction = memory_model::predict(point_spec, variant, device_kind);
-  }
-  return {{variant, point, "model_fwd_peak_bytes", static_cast<double>(prediction.fwd_peak_bytes), "bytes", -1},
-          {variant, point, "model_bwd_peak_bytes", static_cast<double>(prediction.bwd_peak_bytes), "bytes", -1}};
-}
-
-// Verdict of a finished run: per point by the spec's rule; with a scaling section, once over the
-// fits; several points agree or the verdict is MIXED.
-spec::Verdict decide(PlannedRun& run, db::Store& store) {
-  spec::Verdict verdict;
-  if (run.interrupted) {
-    verdict.verdict = "INTERRUPTED";
-    verdict.evidence = {{"reason", "the run was interrupted before every trial ran"}};
-    return verdict;
-  }
-  const spec::Spec& spec = run.spec;
-  if (spec.scaling) {
-    std::vector<spec::ScalingSample> samples;
-    nlohmann::json per_point = nlohmann::json::array();
-    for (size_t p = 0; p < run.points.size(); ++p) {
-      for (const auto& [variant, outcome] : run.outcomes[p]) {
-        per_point.push_back({{"point", run.points[p]}, {"variant", variant}, {"status", outcome.status}});
-        const auto value = outcome.values.find(spec.scaling->metric);
-        if (outcome.status != "ok" || value == outcome.values.end()) continue;
-        spec::ScalingSample sample;
-        sample.variant = variant;
-        sample.value = value->second;
-        for (const std::string& model : spec.scaling->models)
-          sample.regressors[model] = spec::model_regressor(model, run.point_specs[p]);
-        samples.push_back(std::move(sample));
-      }
-    }
-    const auto fits = spec::fit_scaling(*spec.scaling, samples);
-    std::map<std::string, spec::VariantOutcome> outcomes;
-    std::vector<db::Metric> metrics;
-    nlohmann::json fit_evidence = nlohmann::json::object();
-    for (const spec::Variant& variant : spec.variants) {
-      spec::VariantOutcome outcome;
-      outcome.status = "ok";
-      const auto found = fits.find(variant.name);
-      nlohmann::json entry = {{"metric", spec.scaling->metric}, {"fits", nlohmann::json::array()}};
-      if (found != fits.end()) {
-        if (!found->second.growth.empty()) outcome.words["growth"] = found->second.growth;
-        entry["growth"] = found->second.growth;
-        for (const spec::Fit& fit : found->second.fits) {
-          entry["fits"].push_back({{"model", fit.model},
-                                   {"slope", fit.slope},
-                                   {"intercept", fit.intercept},
-                                   {"r2", fit.r2},
-                                   {"points", fit.points}});
-          if (fit.points < 2) continue;
-          outcome.values["r2_" + fit.model] = fit.r2;
-          outcome.values["slope_" + fit.model] = fit.slope;
-          metrics.push_back({variant.name, nlohmann::json::object(), "r2_" + fit.model, fit.r2, "", -1});
-          metrics.push_back({variant.name, nlohmann::json::object(), "slope_" + fit.model, fit.slope, "", -1});
-        }
-      }
-      fit_evidence[variant.name] = std::move(entry);
-      outcomes[variant.name] = std::move(outcome);
-    }
-    if (!metrics.empty()) store.add_metrics(run.run_id, metrics);
-    verdict = spec::evaluate_verdict(spec, outcomes);
-    verdict.evidence["fits"] = std::move(fit_evidence);
-    verdict.evidence["points"] = std::move(per_point);
-    return verdict;
-  }
-  std::vector<spec::Verdict> verdicts;
-  for (size_t p = 0; p < run.points.size(); ++p)
-    verdicts.push_back(spec::evaluate_verdict(run.point_specs[p], run.outcomes[p]));
-  if (verdicts.size() == 1) return verdicts.front();
-  nlohmann::json points = nlohmann::json::array();
-  bool same = true;
-  for (size_t p = 0; p < verdicts.size(); ++p) {
-    points.push_back({{"point", run.points[p]}, {"verdict", verdicts[p].verdict}, {"evidence", verdicts[p].evidence}});
-    same = same && verdicts[p].verdict == verdicts.front().verdict;
-  }
-  verdict.verdict = same ? verdicts.front().verdict : "MIXED";
-  verdict.evidence = {{"points", std::move(points)}};
-  if (!same) verdict.evidence["reason"] = "the sweep's points reached different verdicts";
-  return verdict;
 }
 
 // The progress display: on a terminal, a status line (trial i of n, current point, elapsed, ETA)
@@ -269,13 +153,135 @@ class Progress {
   std::chrono::steady_clock::time_point start_;
 };
 
+// The summaries of finished runs (or their JSON) and the exit code their --fail-on conditions give.
+int report_runs(db::Store& store, const std::vector<int64_t>& run_ids, const std::vector<std::string>& fail_on,
+                const GlobalOptions& options) {
+  bool interrupted = false;
+  int exit_code = kExitOk;
+  nlohmann::json all = nlohmann::json::array();
+  for (size_t r = 0; r < run_ids.size(); ++r) {
+    const auto detail = store.get_run(run_ids[r]);
+    if (options.json) {
+      all.push_back(run_detail_json(*detail));
+    } else {
+      if (r > 0) std::cout << '\n';
+      print_run_summary(std::cout, *detail);
+    }
+    interrupted = interrupted || detail->run.status == "interrupted";
+    for (const auto& condition : fail_on) {
+      if ((condition == "failed" && detail->run.status != "ok") ||
+          (condition == "invalid" && (detail->run.verdict == "INVALID" || detail->run.verdict == "INCONCLUSIVE")) ||
+          (condition.rfind("verdict=", 0) == 0 && detail->run.verdict == condition.substr(8)))
+        exit_code = kExitFailOn;
+    }
+  }
+  if (options.json) print_json(std::cout, all.size() == 1 ? all.front() : nlohmann::json{{"runs", all}});
+  return interrupted ? kExitInfra : exit_code;
+}
+
+void check_slurm_args(const RunArgs& args) {
+  if (!args.devices.empty())
+    throw UsageError("--devices spreads trials over the GPUs of this machine; with --slurm each task gets its "
+                     "GPUs from Slurm (--gpus-per-task) and --device cuda means the first of them");
+  if (args.retries < 0) throw UsageError(fmt::format("--retries {}: expected 0 or more", args.retries));
+  if (args.trials_per_task < 1)
+    throw UsageError(fmt::format("--trials-per-task {}: expected 1 or more", args.trials_per_task));
+  if (args.request.array_parallel < 0)
+    throw UsageError(fmt::format("--array-parallel {}: expected 1 or more (0: no limit)", args.request.array_parallel));
+  if (args.request.gpus_per_task < 0 || args.request.cpus_per_task < 0)
+    throw UsageError("--gpus-per-task and --cpus-per-task: expected 0 or more");
+  for (const std::string& extra : args.request.extra_args)
+    if (extra.rfind("--", 0) != 0 || extra.find('\n') != std::string::npos)
+      throw UsageError(fmt::format("--sbatch-arg '{}': expected one sbatch option such as --qos=high", extra));
+  const std::vector<std::pair<std::string, std::string>> texts = {
+      {"--partition", args.request.partition}, {"--account", args.request.account}, {"--mem", args.request.mem},
+      {"--slurm-dir", args.slurm_dir}};
+  for (const auto& [option, value] : texts)
+    if (value.find_first_of("\"\n") != std::string::npos)
+      throw UsageError(fmt::format("{} '{}': no double quotes or newlines", option, value));
+  if (!args.request.time.empty() &&
+      args.request.time.find_first_not_of("0123456789:-") != std::string::npos)
+    throw UsageError(fmt::format("--time '{}': expected a Slurm time such as 30, 00:30:00 or 1-00:00:00", args.request.time));
+}
+
+// `harness run --slurm`: the plan becomes one job array (one task per --trials-per-task trials);
+// without --no-wait the job is followed and its shards merged as its tasks end.
+int run_on_slurm(const RunArgs& args, std::vector<PlannedRun>& runs, const std::string& device,
+                 int64_t memory_limit_bytes, bool allow_faults, const GlobalOptions& options) {
+  std::vector<Job> jobs;
+  for (size_t r = 0; r < runs.size(); ++r)
+    for (size_t p = 0; p < runs[r].points.size(); ++p)
+      for (size_t v = 0; v < runs[r].spec.variants.size(); ++v) jobs.push_back({r, p, v});
+  slurm::SubmitOptions submit;
+  submit.request = args.request;
+  submit.retries = args.retries;
+  submit.trials_per_task = args.trials_per_task;
+  submit.dry_run = args.slurm_dry_run;
+  submit.run_dir = args.slurm_dir;
+  submit.settings.device = device;
+  submit.settings.memory_limit_bytes = memory_limit_bytes;
+  submit.settings.allow_faults = allow_faults;
+  submit.settings.python = args.python;
+  submit.settings.keep_capsules = args.keep_capsules;
+  submit.settings.artifact_dir = artifact_dir_for(options.db_path);
+  submit.settings.db_path = options.db_path;
+  submit.args_base = {{"set", args.overrides}, {"requested_device", args.device}};
+  if (memory_limit_bytes > 0) submit.args_base["memory_limit_bytes"] = memory_limit_bytes;
+  if (args.slurm_dry_run) {
+    slurm::submit_runs(runs, jobs, submit, nullptr, options, nullptr);
+    return kExitOk;
+  }
+  if (const auto reason = slurm::unavailable_reason()) throw InfraError("--slurm: " + *reason);
+  db::Store store(options.db_path);
+  std::string job_id;
+  const auto run_ids = slurm::submit_runs(runs, jobs, submit, &store, options, &job_id);
+  const int64_t first = run_ids.front();
+  std::string run_list;
+  for (const int64_t id : run_ids) run_list += (run_list.empty() ? "" : ", ") + std::to_string(id);
+  const size_t tasks = (jobs.size() + static_cast<size_t>(args.trials_per_task) - 1) /
+                       static_cast<size_t>(args.trials_per_task);
+  std::cerr << fmt::format("submitted Slurm job {}: {} trial{} in {} array task{} (run{} {}); run folder {}\n", job_id,
+                           jobs.size(), jobs.size() == 1 ? "" : "s", tasks, tasks == 1 ? "" : "s",
+                           run_ids.size() == 1 ? "" : "s", run_list,
+                           slurm::slurm_section(store, first).at("run_dir").get<std::string>());
+  if (args.no_wait) {
+    if (options.json) {
+      print_json(std::cout, {{"job_id", job_id}, {"runs", run_ids}});
+    } else {
+      std::cout << fmt::format("job {}\nfollow it: harness slurm status {}    merge it: harness slurm collect {}\n",
+                               job_id, first, first);
+    }
+    return kExitOk;
+  }
+  slurm::FollowOptions follow_options;
+  follow_options.progress = !options.json;
+  const auto followed = slurm::follow(store, first, follow_options);
+  if (followed.interrupted) {
+    std::cerr << fmt::format("interrupted: Slurm job {} keeps running (nothing was cancelled).\n"
+                             "  harness slurm collect {}   follows it and merges its results\n"
+                             "  harness slurm cancel {}    cancels it\n",
+                             job_id, first, first);
+    return kExitInfra;
+  }
+  return report_runs(store, run_ids, args.fail_on, options);
+}
+
 int run_experiments(const RunArgs& args, const GlobalOptions& options) {
   // Everything a user can get wrong is checked before any child starts or the db is touched.
   if (args.all && !args.experiments.empty())
     throw UsageError("give experiment names or --all, not both");
   if (!args.all && args.experiments.empty()) throw UsageError("name an experiment (`harness list` shows them) or pass --all");
+  const bool on_slurm = args.slurm || args.slurm_dry_run;
+  if (!on_slurm && args.any_slurm_option())
+    throw UsageError("--partition, --account, --time, --gpus-per-task, --cpus-per-task, --mem, --array-parallel, "
+                     "--retries, --trials-per-task, --sbatch-arg, --slurm-dir and --no-wait go with --slurm");
+  if (on_slurm) check_slurm_args(args);
   std::vector<std::string> devices;
-  if (!args.devices.empty()) {
+  if (on_slurm) {
+    // Each task probes the device it was given on its node; here only the profile is decided.
+    check_device_syntax(args.device);
+    devices = {args.device != "auto" ? args.device : args.request.gpus_per_task > 0 ? "cuda" : "cpu"};
+  } else if (!args.devices.empty()) {
     if (args.device != "auto") throw UsageError("give --device or --devices, not both");
     devices = parse_device_list(args.devices);
   } else {
@@ -322,8 +328,9 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
 
   ScratchDir scratch;
   install_interrupt_handlers();
+  std::vector<std::string> no_devices;
   std::vector<nlohmann::json> envs;
-  for (std::string& device : devices) {
+  for (std::string& device : on_slurm ? no_devices : devices) {
     auto [resolved, env] = probe_device(device, options, scratch, args.env_timeout_s);
     device = resolved;
     envs.push_back(std::move(env));
@@ -342,10 +349,8 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
     PlannedRun run;
     run.spec_path = spec_paths[i];
     run.spec = spec::load_spec_file(spec_paths[i], load);
-    run.points = spec::sweep_points(run.spec);
-    for (const auto& point : run.points) run.point_specs.push_back(spec::spec_at_point(run.spec, point));
-    run.outcomes.resize(run.points.size());
-    if (run.spec.kind == "python" && !python_env) {
+    plan_points(run);
+    if (run.spec.kind == "python" && !python_env && !on_slurm) {
       // An interpreter that cannot run fails each trial with the reason; the env says so too.
       try {
         python_env = python_fingerprint(args.python, args.env_timeout_s);
@@ -355,6 +360,8 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
     }
     runs.push_back(std::move(run));
   }
+
+  if (on_slurm) return run_on_slurm(args, runs, devices.front(), memory_limit_bytes, allow_faults, options);
 
   db::Store store(options.db_path);
   const std::string artifact_dir = artifact_dir_for(options.db_path);
@@ -391,6 +398,14 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
                                  run.spec.variants.size() == 1 ? "" : "s"));
   }
 
+  TrialSettings settings;
+  settings.devices = devices;
+  settings.memory_limit_bytes = memory_limit_bytes;
+  settings.allow_faults = allow_faults;
+  settings.python = args.python;
+  settings.keep_capsules = args.keep_capsules;
+  settings.artifact_dir = artifact_dir;
+  settings.db_path = options.db_path;
   std::mutex mutex;  // guards the queue, the store, the runs and the progress display
   std::deque<Job> queue(jobs.begin(), jobs.end());
   size_t sequence = 0;
@@ -421,41 +436,15 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
         std::lock_guard lock(mutex);
         progress.started(what);
       }
-      TrialLaunch launch;
-      launch.spec_file = run.point_files[job.point];
-      launch.variant = variant.name;
-      launch.device = device;
-      launch.devices = devices;
-      launch.result_path = scratch.file(fmt::format("result-{}.json", index));
-      launch.memory_limit_bytes = memory_limit_bytes;
-      launch.allow_faults = allow_faults;
-      if (run.spec.kind == "python") launch.python = args.python;
-      launch.spec_dir = fs::absolute(fs::path(run.spec_path)).parent_path().string();
-      launch.artifact_dir = artifact_dir;
-      launch.keep_capsules = args.keep_capsules;
-      launch.timeout_s = run.spec.timeout_s;
-      const std::string started_at = db::now_iso8601();
-      const ChildOutcome outcome =
-          run_child(trial_command(launch, options), [](const std::string& line) { spdlog::debug("child: {}", line); });
-      RecordedTrial recorded = record_trial(variant.name, point, outcome, launch.result_path, options.db_path);
-      recorded.trial.started_at = started_at;
-      if (run.spec.kind == "attention_step") {
-        const auto predicted =
-            model_metrics(run.point_specs[job.point], point, variant.name, device, recorded.trial.dispatch);
-        recorded.metrics.insert(recorded.metrics.end(), predicted.begin(), predicted.end());
-      }
+      TrialSettings trial_settings = settings;
+      trial_settings.device = device;
+      RecordedTrial recorded =
+          execute_trial(run, job, trial_settings, scratch.file(fmt::format("result-{}.json", index)), options);
 
       std::lock_guard lock(mutex);
       store_trial(store, run.run_id, recorded);
       const db::Trial& trial = recorded.trial;
-      spec::VariantOutcome variant_outcome;
-      variant_outcome.status = trial.status;
-      variant_outcome.error = trial.error;
-      for (const auto& [key, summary] : summarize(recorded.metrics)) variant_outcome.values[key.second] = summary.median;
-      run.outcomes[job.point][variant.name] = std::move(variant_outcome);
-      run.metrics.insert(run.metrics.end(), recorded.metrics.begin(), recorded.metrics.end());
-      run.any_failed = run.any_failed || trial_failed(trial.status);
-      run.interrupted = run.interrupted || trial.status == "interrupted";
+      note_outcome(run, job.point, recorded);
       progress.finished(fmt::format("  [{}/{}] {:<40} {:<12} {:.1f} s{}", index, jobs.size(), what, trial.status,
                                     trial.duration_s, trial.error.empty() ? "" : "  " + first_line(trial.error)),
                         trial.duration_s);
@@ -471,27 +460,9 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
     finish_run(run);
   }
 
-  bool interrupted = false;
-  int exit_code = kExitOk;
-  nlohmann::json all = nlohmann::json::array();
-  for (size_t r = 0; r < runs.size(); ++r) {
-    const auto detail = store.get_run(runs[r].run_id);
-    if (options.json) {
-      all.push_back(run_detail_json(*detail));
-    } else {
-      if (r > 0) std::cout << '\n';
-      print_run_summary(std::cout, *detail);
-    }
-    interrupted = interrupted || detail->run.status == "interrupted";
-    for (const auto& condition : args.fail_on) {
-      if ((condition == "failed" && detail->run.status != "ok") ||
-          (condition == "invalid" && (detail->run.verdict == "INVALID" || detail->run.verdict == "INCONCLUSIVE")) ||
-          (condition.rfind("verdict=", 0) == 0 && detail->run.verdict == condition.substr(8)))
-        exit_code = kExitFailOn;
-    }
-  }
-  if (options.json) print_json(std::cout, all.size() == 1 ? all.front() : nlohmann::json{{"runs", all}});
-  return interrupted ? kExitInfra : exit_code;
+  std::vector<int64_t> run_ids;
+  for (const PlannedRun& run : runs) run_ids.push_back(run.run_id);
+  return report_runs(store, run_ids, args.fail_on, options);
 }
 
 }  // namespace
@@ -515,6 +486,26 @@ Action add_run_command(CLI::App& app, GlobalOptions& options) {
   command->add_option("--fail-on", args->fail_on,
                       "Exit 1 when: failed (a trial crashed/timed out/errored), invalid (verdict INVALID or "
                       "INCONCLUSIVE), verdict=NAME");
+  command->add_flag("--slurm", args->slurm,
+                    "Run the trials as one Slurm job array, each task writing a db shard that is merged here");
+  command->add_flag("--slurm-dry-run", args->slurm_dry_run, "Print the Slurm batch script; submit and write nothing");
+  command->add_flag("--no-wait", args->no_wait,
+                    "With --slurm: print the job id and return (harness slurm status|collect RUN follow it)");
+  command->add_option("--partition", args->request.partition, "With --slurm: partition");
+  command->add_option("--account", args->request.account, "With --slurm: account");
+  command->add_option("--time", args->request.time, "With --slurm: time limit per task (e.g. 00:30:00)");
+  command->add_option("--gpus-per-task", args->request.gpus_per_task,
+                      "With --slurm: GPUs per task (--device cuda then means the first GPU Slurm gave)");
+  command->add_option("--cpus-per-task", args->request.cpus_per_task, "With --slurm: CPU cores per task");
+  command->add_option("--mem", args->request.mem, "With --slurm: host memory per task (e.g. 32G)");
+  command->add_option("--array-parallel", args->request.array_parallel,
+                      "With --slurm: at most N tasks at once (sbatch --array=...%N)");
+  command->add_option("--retries", args->retries, "With --slurm: requeues of a failed task (default 2)");
+  command->add_option("--trials-per-task", args->trials_per_task, "With --slurm: trials per array task (default 1)");
+  command->add_option("--sbatch-arg", args->request.extra_args, "With --slurm: one more sbatch option, verbatim");
+  command->add_option("--slurm-dir", args->slurm_dir,
+                      "With --slurm: the run folder (manifest, shards, logs) on shared storage "
+                      "(default <db folder>/slurm/<submission>)");
   add_global_options(*command, options);
   return [args, &options] { return run_experiments(*args, options); };
 }

@@ -33,10 +33,12 @@ Action add_runs_command(CLI::App& app, GlobalOptions& options) {
     const auto runs = store.list_runs(filter);
     if (options.json) {
       nlohmann::json json = nlohmann::json::array();
-      for (const auto& r : runs)
+      for (const auto& r : runs) {
         json.push_back({{"id", r.id}, {"experiment", r.experiment}, {"device", r.device}, {"profile", r.profile},
                         {"status", r.status}, {"verdict", r.verdict}, {"env_id", r.env_id},
                         {"started_at", r.started_at}, {"finished_at", r.finished_at}});
+        if (r.args.contains("slurm")) json.back()["slurm_job_id"] = r.args["slurm"].value("job_id", "");
+      }
       print_json(std::cout, json);
       return kExitOk;
     }
@@ -44,7 +46,9 @@ Action add_runs_command(CLI::App& app, GlobalOptions& options) {
     table.headers = {"run", "experiment", "device", "profile", "status", "verdict", "started", "env"};
     table.right_align = {true};
     for (const auto& r : runs)
-      table.rows.push_back({std::to_string(r.id), r.experiment, r.device, r.profile.empty() ? "-" : r.profile, r.status,
+      table.rows.push_back({std::to_string(r.id), r.experiment,
+                            r.args.contains("slurm") ? r.device + " · slurm job " + r.args["slurm"].value("job_id", "-")
+                                                     : r.device, r.profile.empty() ? "-" : r.profile, r.status,
                             r.verdict.empty() ? "-" : r.verdict, r.started_at, r.env_id.substr(0, 12)});
     if (runs.empty()) std::cout << "no runs recorded in " << options.db_path << '\n';
     else print_table(std::cout, table);

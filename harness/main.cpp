@@ -83,6 +83,9 @@ int main(int argc, char** argv) {
   add(add_replay_command);
   add(add_trial_command);
   add(add_env_child_command);
+  add(add_slurm_command);
+  add(add_db_command);
+  add(add_slurm_task_command);
 
   try {
     app.parse(argc, argv);

@@ -136,12 +136,28 @@ void print_trials(std::ostream& out, const db::RunDetail& detail) {
     table.headers.insert(table.headers.begin(), "point");
     table.right_align.insert(table.right_align.begin(), false);
   }
+  // A Slurm run's trials say where they ran: array task, attempt, node and the task's Slurm state.
+  bool on_slurm = false;
+  for (const auto& trial : detail.trials) on_slurm = on_slurm || trial.details.contains("slurm");
+  if (on_slurm) {
+    const size_t at = table.headers.size() - 1;  // before "error"
+    table.headers.insert(table.headers.begin() + static_cast<long>(at), {"task", "attempt", "node", "slurm"});
+    table.right_align.insert(table.right_align.begin() + static_cast<long>(at), {true, true, false, false});
+  }
   for (const auto& trial : detail.trials) {
     std::string exit = trial.signal ? fmt::format("signal {}", *trial.signal)
                                     : trial.exit_code ? std::to_string(*trial.exit_code) : "-";
     std::string error = first_line(trial.error);
     if (trial.requested_bytes) error += fmt::format(" (requested {})", format_bytes(static_cast<double>(*trial.requested_bytes)));
     table.rows.push_back({trial.variant, trial.status, fmt::format("{:.1f} s", trial.duration_s), exit, error});
+    if (on_slurm) {
+      const auto slurm = trial.details.value("slurm", nlohmann::json::object());
+      const auto text = [&](const char* key) {
+        if (!slurm.contains(key)) return std::string("-");
+        return slurm[key].is_string() ? slurm[key].get<std::string>() : slurm[key].dump();
+      };
+      table.rows.back().insert(table.rows.back().end() - 1, {text("task"), text("attempt"), text("node"), text("state")});
+    }
     if (sweep) table.rows.back().insert(table.rows.back().begin(), spec::point_label(trial.point));
   }
   print_table(out, table);
@@ -230,6 +246,11 @@ nlohmann::json run_detail_json(const db::RunDetail& detail) {
 void print_run_summary(std::ostream& out, const db::RunDetail& detail) {
   out << fmt::format("run {} · {} · {}{} · status {}\n", detail.run.id, detail.run.experiment, detail.run.device,
                      detail.run.profile.empty() ? "" : " (profile " + detail.run.profile + ")", detail.run.status);
+  if (detail.run.args.contains("slurm")) {
+    const auto& slurm = detail.run.args["slurm"];
+    out << fmt::format("slurm job {} · {} array task{}{}\n", slurm.value("job_id", "-"), slurm.value("tasks", 0),
+                       slurm.value("tasks", 0) == 1 ? "" : "s", detail.run.error.empty() ? "" : " · " + detail.run.error);
+  }
   print_metrics(out, detail, false);
   print_verdict(out, detail);
   out << fmt::format("stored: `harness show {}` for env, dispatch trace and errors\n", detail.run.id);
@@ -245,6 +266,13 @@ void print_run_detail(std::ostream& out, const db::RunDetail& detail) {
                      run.finished_at.empty() ? "-" : run.finished_at);
   if (spec.contains("dims")) out << "dims: " << spec["dims"].dump() << '\n';
   if (spec.contains("mask")) out << "mask: " << spec["mask"].dump() << '\n';
+  if (run.args.contains("slurm")) {
+    const auto& slurm = run.args["slurm"];
+    out << fmt::format("slurm: job {} · {} array task{} · up to {} retr{} per task · run folder {}\n",
+                       slurm.value("job_id", "-"), slurm.value("tasks", 0), slurm.value("tasks", 0) == 1 ? "" : "s",
+                       slurm.value("retries", 0), slurm.value("retries", 0) == 1 ? "y" : "ies",
+                       slurm.value("run_dir", "-"));
+  }
   if (!run.args.empty()) out << "args: " << run.args.dump() << '\n';
   if (!run.error.empty()) out << "error: " << run.error << '\n';
 

@@ -207,7 +207,7 @@ std::string artifact_dir_for(const std::string& db_path) {
 
 bool trial_failed(const std::string& status) {
   return status == "crashed" || status == "timeout" || status == "error" || status == "interrupted" ||
-         status == "nonfinite";
+         status == "nonfinite" || status == "not_run";
 }
 
 bool faults_allowed() {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what harness needs on a fresh Debian 12 machine, then configures and builds it.
-#   Debian packages: compilers, CMake, Ninja, SQLite3, CLI11, spdlog/fmt, nlohmann_json, Catch2.
+#   Debian packages: compilers, CMake, Ninja, SQLite3, CLI11, spdlog/fmt, nlohmann_json, Catch2,
+#   Slurm (for the Slurm tests).
 #   LibTorch: the pip package torch==2.11.0 in a virtual environment kept outside the checkout
 #   (HARNESS_VENV, default ~/.cache/harness/venv), so a second checkout reuses it.
 # Idempotent: what is already there is not installed again.
@@ -13,8 +14,9 @@ torch_version=2.11.0
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
+# slurmctld, slurmd, slurm-client: the one-node Slurm the `slurm` test starts (scripts/slurm_local.sh).
 debs=(build-essential cmake ninja-build git python3 python3-venv libsqlite3-dev libcli11-dev
-      libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 ccache chromium)
+      libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 ccache chromium slurmctld slurmd slurm-client)
 if [[ "${HARNESS_SKIP_APT:-0}" != 1 ]]; then
   missing=()
   for p in "${debs[@]}"; do
