@@ -48,16 +48,6 @@ double relative(double delta, const SideValues& good, const SideValues& bad) {
 
 std::string percent(double fraction) { return fmt::format("{:.3g} %", fraction * 100.0); }
 
-std::string reading_text(const BisectTarget& target, const ProbeReading& reading) {
-  if (!reading.usable) return "(" + reading.why_not + ")";
-  switch (target.mode) {
-    case BisectMode::kVerdict: return "verdict " + reading.verdict;
-    case BisectMode::kStatus: return target.variant + " " + reading.status;
-    case BisectMode::kMetric: return reading.metric ? side_text(*reading.metric, reading.unit) : "(no value)";
-  }
-  return "";
-}
-
 std::string json_text(const nlohmann::json& object, const char* key) {
   if (!object.is_object() || !object.contains(key) || object[key].is_null()) return "";
   return object[key].is_string() ? object[key].get<std::string>() : object[key].dump();

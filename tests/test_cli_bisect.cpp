@@ -10,35 +10,20 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "tests/catch.h"
+#include "tests/cli_support.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-fs::path make_temp_dir(const std::string& prefix) {
-  std::string pattern = (fs::temp_directory_path() / (prefix + "-XXXXXX")).string();
-  REQUIRE(mkdtemp(pattern.data()) != nullptr);
-  return pattern;
-}
+using harness::test::make_scratch_dir;
+using harness::test::Result;
+using harness::test::slurp;
 
 int shell(const std::string& command) {
   const int status = std::system(command.c_str());
@@ -54,7 +39,7 @@ struct Fixture {
   fs::path boundary_wheels;  //!< 1.5 itself truncated
   fs::path envs;
   Fixture() {
-    root = make_temp_dir("harness-bisect-fixture");
+    root = make_scratch_dir("harness-bisect-fixture");
     wheels = root / "wheels";
     broken_wheels = root / "wheels-broken-1.3";
     boundary_wheels = root / "wheels-broken-1.5";
@@ -77,24 +62,8 @@ const Fixture& fixture() {
 
 const std::string kProbeSpec = std::string(HARNESS_TEST_DATA_DIR) + "/cli/bisect_probe.json";
 
-struct Sandbox {
-  fs::path dir = make_temp_dir("harness-bisect");
-  ~Sandbox() {
-    std::error_code ignored;
-    fs::remove_all(dir, ignored);
-  }
-  std::string db() const { return (dir / "test.db").string(); }
-
-  Result harness(const std::string& args, const std::string& env = "") const {
-    const auto out = dir / "stdout", err = dir / "stderr";
-    const std::string command = env + " " + HARNESS_BINARY + " " + args + " >" + out.string() + " 2>" + err.string();
-    const int status = std::system(command.c_str());
-    Result result;
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.out = slurp(out);
-    result.err = slurp(err);
-    return result;
-  }
+struct Sandbox : harness::test::Sandbox {
+  Sandbox() : harness::test::Sandbox("harness-bisect") {}
 
   // A bisect of the probe package from `wheels`, offline, with the shared env cache.
   Result bisect(const fs::path& wheels, const std::string& extra, const std::string& installer = "pip") const {
