@@ -4,6 +4,8 @@
 // the search and the judging are analysis/bisect.h's, and the bisect is stored with its probes
 // (`harness bisect show ID`, `harness writeup --bisect ID`).
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
@@ -78,7 +80,8 @@ struct ProbeRecord {
   std::vector<db::RunDetail> runs;
   nlohmann::json env = nlohmann::json();  //!< the cached env (versions only)
   nlohmann::json packages = nlohmann::json();
-  std::string failure;  //!< why there is no run (install or run failed)
+  std::string failure;        //!< why there is no run (install or run failed), one line
+  std::string install_error;  //!< the installer's whole message
 };
 
 double parse_threshold(const std::string& text) {
@@ -105,6 +108,22 @@ std::vector<std::string> split_list(const std::string& text) {
 }
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// The line of an installer's failure a table can show: the last one that says "error", else the
+// first, cut to 160 characters (the whole message stays in the probe's details).
+std::string short_reason(const std::string& message) {
+  std::istringstream lines(message);
+  std::string line, chosen;
+  while (std::getline(lines, line)) {
+    const auto begin = line.find_first_not_of(" \t");
+    if (begin == std::string::npos) continue;
+    std::string lower = line;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (lower.find("error") != std::string::npos) chosen = line.substr(begin);
+  }
+  if (chosen.empty()) chosen = first_line(message);
+  return chosen.size() > 160 ? chosen.substr(0, 157) + "..." : chosen;
+}
 
 // The interpreter of --envs ENTRY: a venv (or prefix) folder's bin/python, or the path itself.
 std::string interpreter_of(const std::string& entry) {
@@ -350,7 +369,8 @@ class Bisector {
       record.packages = env.packages;
       return true;
     } catch (const EnvInstallError& error) {
-      record.failure = std::string("cannot install: ") + error.what();
+      record.failure = std::string("cannot install: ") + short_reason(error.what());
+      record.install_error = error.what();
       return false;
     }
   }
@@ -439,7 +459,8 @@ class Bisector {
                                                                                                   : std::string())
                                                          : std::string()}};
     if (!record.env.is_null()) details["env"] = record.env;
-    if (!record.failure.empty()) details["error"] = record.failure;
+    if (!record.failure.empty())
+      details["error"] = record.install_error.empty() ? record.failure : record.install_error;
     if (!record.runs.empty()) {
       details["verdict"] = record.runs.back().run.verdict;
       details["env_id"] = record.runs.back().run.env_id;
