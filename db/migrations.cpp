@@ -21,7 +21,7 @@ struct Migration {
 
 // JSON columns are TEXT holding canonical_json(); timestamps are ISO 8601 UTC text, which
 // sorts chronologically.
-constexpr std::array<Migration, 4> kMigrations = {{
+constexpr std::array<Migration, 5> kMigrations = {{
     {1, "initial layout", R"sql(
 CREATE TABLE envs (
   id         TEXT PRIMARY KEY,  -- sha256 of the canonical env JSON
@@ -120,6 +120,38 @@ CREATE TABLE shard_merges (
   merged_at TEXT NOT NULL,
   UNIQUE (run_id, shard_key)
 );
+)sql"},
+    {5, "bisects (harness bisect) and their probes", R"sql(
+CREATE TABLE bisects (
+  id          INTEGER PRIMARY KEY,
+  experiment  TEXT NOT NULL,
+  mode        TEXT NOT NULL,      -- verdict, status or metric
+  target      TEXT NOT NULL,      -- "" (verdict), the variant (status), variant.metric (metric)
+  package     TEXT NOT NULL,      -- the package bisected; "" for --envs and --builds
+  good        TEXT NOT NULL,
+  bad         TEXT NOT NULL,
+  status      TEXT NOT NULL,      -- running, found, range, failed, interrupted
+  first_bad   TEXT NOT NULL,
+  last_good   TEXT NOT NULL,
+  args        TEXT NOT NULL,      -- the command line
+  result      TEXT NOT NULL,      -- candidates, references, env diff, reproduce commands
+  error       TEXT NOT NULL,
+  started_at  TEXT NOT NULL,
+  finished_at TEXT NOT NULL
+);
+CREATE TABLE bisect_probes (
+  id         INTEGER PRIMARY KEY,
+  bisect_id  INTEGER NOT NULL REFERENCES bisects(id),
+  seq        INTEGER NOT NULL,    -- order of probing
+  position   INTEGER NOT NULL,    -- index in the ordered candidates
+  label      TEXT NOT NULL,       -- version, interpreter or build
+  outcome    TEXT NOT NULL,       -- good, bad or skip
+  reason     TEXT NOT NULL,
+  run_ids    TEXT NOT NULL,       -- JSON array: the stored runs of this probe
+  details    TEXT NOT NULL,       -- JSON: env, install time, verdict, status, metric values
+  started_at TEXT NOT NULL
+);
+CREATE INDEX bisect_probes_by_bisect ON bisect_probes(bisect_id);
 )sql"},
 }};
 

@@ -159,6 +159,39 @@ struct ShardMerge {
 //! this binary's schema version, with shard_info rows. DbError naming the file otherwise.
 std::vector<ShardRun> read_shard_runs(const std::string& shard_path);
 
+//! A `harness bisect`: which versions (or envs, or builds) it searched, for what, and what it found.
+struct Bisect {
+  int64_t id = 0;
+  std::string experiment;
+  std::string mode;        //!< verdict, status or metric
+  std::string target;      //!< "" (verdict), variant (status), variant.metric (metric)
+  std::string package;     //!< "" for --envs / --builds
+  std::string good;
+  std::string bad;
+  std::string status;      //!< running, found, range (skipped candidates around the change), failed, interrupted
+  std::string first_bad;
+  std::string last_good;
+  nlohmann::json args = nlohmann::json::object();
+  nlohmann::json result = nlohmann::json::object();
+  std::string error;
+  std::string started_at;
+  std::string finished_at;
+};
+
+//! One candidate a bisect tried.
+struct BisectProbe {
+  int64_t id = 0;
+  int64_t bisect_id = 0;
+  int seq = 0;               //!< order of probing (1, 2, ...)
+  int position = 0;          //!< index among the ordered candidates
+  std::string label;         //!< the version, interpreter or build
+  std::string outcome;       //!< good, bad or skip
+  std::string reason;
+  std::vector<int64_t> run_ids;
+  nlohmann::json details = nlohmann::json::object();
+  std::string started_at;
+};
+
 //! Connection to one db file. Not shared between threads; open one per thread/process.
 class Store {
  public:
@@ -216,6 +249,19 @@ class Store {
   std::optional<Run> latest_run(const std::string& experiment, const std::optional<std::string>& env_id) const;
   //! Runs that replay `run_id` (replay_of = run_id), oldest first.
   std::vector<Run> list_replays(int64_t run_id) const;
+
+  //! Starts a bisect (status "running"). Fills bisect.id and returns it. (db/bisect_store.cpp)
+  int64_t begin_bisect(Bisect& bisect);
+  //! Records one probe of a bisect. Fills probe.id and returns it.
+  int64_t add_bisect_probe(BisectProbe& probe);
+  //! Ends a bisect with what it found.
+  void finish_bisect(int64_t bisect_id, const std::string& status, const std::string& last_good,
+                     const std::string& first_bad, const nlohmann::json& result, const std::string& error = "");
+  std::optional<Bisect> get_bisect(int64_t bisect_id) const;
+  //! The probes of a bisect, in the order they ran.
+  std::vector<BisectProbe> list_bisect_probes(int64_t bisect_id) const;
+  //! Every bisect, newest first.
+  std::vector<Bisect> list_bisects() const;
 
  private:
   std::string path_;

@@ -25,6 +25,8 @@ Action add_replay_command(CLI::App& app, GlobalOptions& options);
 //! `slurm status|collect|cancel RUN` and `db merge SHARD...` (Slurm runs, docs/RUNNING.md).
 Action add_slurm_command(CLI::App& app, GlobalOptions& options);
 Action add_db_command(CLI::App& app, GlobalOptions& options);
+Action add_bisect_command(CLI::App& app, GlobalOptions& options);
+Action add_envs_command(CLI::App& app, GlobalOptions& options);
 //! Hidden: `__trial` (one trial inside the child) and `__env` (fingerprint of a device, in a child).
 Action add_trial_command(CLI::App& app, GlobalOptions& options);
 Action add_env_child_command(CLI::App& app, GlobalOptions& options);

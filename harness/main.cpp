@@ -81,6 +81,8 @@ int main(int argc, char** argv) {
   add(add_writeup_command);
   add(add_explain_command);
   add(add_replay_command);
+  add(add_bisect_command);
+  add(add_envs_command);
   add(add_trial_command);
   add(add_env_child_command);
   add(add_slurm_command);

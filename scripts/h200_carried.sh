@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Runs ON the H200 image (from the repo root) with binaries built on the Debian machine and carried
+# in .gpu/bin (scripts/carry_build.sh makes it): the same torch 2.11.0+cu130 on both, so no build
+# on the device. Tests have the Debian build folder's absolute paths compiled in: they are recreated
+# here as links (HARNESS_BUILT_ROOT). Logs go to $OUT. STEPS picks what runs (default: all below but
+# bench and evidence):
+#   selftest  the kernels alone against fp32/float64 references, timed at the real dims
+#   tests     [cuda] Catch2 cases (torch and CLI)
+#   bwd       harness run bwd_fusion --device cuda:0, default (atomic) and deterministic backward
+#   python    pytest tests/python on CUDA, then bench/python_vs_cpp.py
+#   slurm     scripts/gpu_check_slurm.sh
+#   faults    scripts/gpu_check_reliability.sh
+#   evidence  scripts/gpu_check_evidence.sh
+#   bench     bench/attention_vs_flex.py (CASES, PEERS, BUDGET_S)
+set -uo pipefail
+root=$PWD
+out=${OUT:-$root/out}
+mkdir -p "$out"
+built=${HARNESS_BUILT_ROOT:?the Debian build's source root}
+steps=" ${STEPS:-selftest tests bwd python slurm faults} "
+want() { [[ $steps == *" $1 "* ]]; }
+step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
+
+# The Debian tree's paths, pointing here; the build folder filled from .gpu/bin.
+if [[ $built != "$root" ]]; then
+  mkdir -p "$built"
+  for entry in "$root"/* "$root"/.deps; do [[ -e $entry ]] && ln -sfn "$entry" "$built/$(basename "$entry")"; done
+  rm -f "$built/build"
+fi
+build=$built/build
+mkdir -p "$build"/{harness,tests,bench,python,kernels/cuda}
+cp .gpu/bin/harness "$build/harness/"
+for t in harness_unit_tests harness_torch_tests harness_cli_tests; do [[ -f .gpu/bin/$t ]] && cp .gpu/bin/$t "$build/tests/"; done
+for t in harness_bench_attention harness_mask_describe; do [[ -f .gpu/bin/$t ]] && cp .gpu/bin/$t "$build/bench/"; done
+[[ -f .gpu/bin/libharness_ops.so ]] && cp .gpu/bin/libharness_ops.so "$build/python/"
+[[ -f .gpu/bin/harness_attention_selftest ]] && cp .gpu/bin/harness_attention_selftest "$build/kernels/cuda/"
+torch_lib=$(python3 -c 'import torch,os;print(os.path.join(os.path.dirname(torch.__file__),"lib"))')
+export LD_LIBRARY_PATH=$root/.gpu/lib:$torch_lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export BUILD_DIR=$build OUT=$out
+h=$build/harness/harness
+"$h" env --device cuda:0 >"$out/env.txt" 2>&1
+
+if want selftest; then
+  step "kernel self-test"
+  timeout 300 "$build/kernels/cuda/harness_attention_selftest" --log "$out/selftest.log" >/dev/null 2>&1; echo "rc=$?"
+  grep -E '^\||PASSED|FAILED|ERROR' "$out/selftest.log" | tail -40
+fi
+if want tests; then
+  step "[cuda] torch tests"
+  timeout 300 "$build/tests/harness_torch_tests" "[cuda]" >"$out/cuda_tests.log" 2>&1; echo "rc=$?"; tail -3 "$out/cuda_tests.log"
+  step "[cuda] CLI tests"
+  timeout 200 "$build/tests/harness_cli_tests" "[cuda]" >"$out/cli_cuda.log" 2>&1; echo "rc=$?"; tail -3 "$out/cli_cuda.log"
+fi
+if want bwd; then
+  step "bwd_fusion (default kernels)"
+  "$h" run bwd_fusion --device cuda:0 --db "$out/h200.db" 2>&1 | tee "$out/bwd_fusion.txt" | tail -22
+  step "bwd_fusion (deterministic backward, forward wgmma_m64_n64 forced)"
+  "$h" run bwd_fusion --device cuda:0 --db "$out/h200.db" --set variants.fused.deterministic=true \
+    --set variants.fused.kernel.fwd=wgmma_m64_n64 2>&1 | tee "$out/bwd_fusion_det.txt" | tail -22
+  "$h" show 2 --db "$out/h200.db" 2>&1 | grep -A12 'dispatch' | head -16
+fi
+if want python; then
+  step "python: pytest tests/python on CUDA"
+  export HARNESS_OPS_LIBRARY=$build/python/libharness_ops.so HARNESS_BIN=$h HARNESS_REQUIRE_NATIVE=1
+  timeout 400 python3 -m pytest -q -p no:cacheprovider -rs tests/python --ignore=tests/python/test_bench_masks.py \
+    >"$out/pytest.log" 2>&1; echo "rc=$?"; tail -8 "$out/pytest.log"
+  step "python: the op from Python vs the kernels from C++"
+  timeout 300 python3 bench/python_vs_cpp.py --binary "$build/bench/harness_bench_attention" >"$out/python_vs_cpp.log" 2>&1
+  echo "rc=$?"; tail -25 "$out/python_vs_cpp.log"
+fi
+if want slurm; then step "slurm GPU check"; timeout 120 scripts/gpu_check_slurm.sh 2>&1 | tail -5; fi
+if want faults; then step "faults GPU check"; timeout 200 scripts/gpu_check_reliability.sh 2>&1 | tail -8; fi
+if want evidence; then step "evidence GPU check"; timeout 400 scripts/gpu_check_evidence.sh 2>&1 | tail -25; fi
+if want bench; then
+  step "fair benchmark"
+  SKIP_BUILD=1 timeout "${BENCH_TIMEOUT:-560}" scripts/gpu_check_bench.sh 2>&1 | tail -40
+fi
