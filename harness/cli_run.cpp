@@ -46,6 +46,8 @@ struct RunArgs {
   std::string memory_limit;
   std::string python = "python3";
   bool keep_capsules = false;
+  bool memory_snapshot = false;
+  bool trace = false;
   double env_timeout_s = 180.0;
 };
 
@@ -431,6 +433,8 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
       launch.spec_dir = fs::absolute(fs::path(run.spec_path)).parent_path().string();
       launch.artifact_dir = artifact_dir;
       launch.keep_capsules = args.keep_capsules;
+      launch.memory_snapshot = args.memory_snapshot;
+      launch.trace = args.trace;
       launch.timeout_s = run.spec.timeout_s;
       const std::string started_at = db::now_iso8601();
       const ChildOutcome outcome =
@@ -510,6 +514,11 @@ Action add_run_command(CLI::App& app, GlobalOptions& options) {
                       "Cap the device memory of each trial's step (e.g. 96GiB), to reproduce an OOM of a smaller GPU");
   command->add_option("--python", args->python, "Interpreter for python experiments (default python3)");
   command->add_flag("--keep-capsules", args->keep_capsules, "Keep the capsules of trials that succeed too");
+  command->add_flag("--memory-snapshot", args->memory_snapshot,
+                    "Keep the CUDA allocator snapshot of each trial's measured step (PyTorch's memory_viz opens it; "
+                    "a trial that ends oom on CUDA keeps one always)");
+  command->add_flag("--trace", args->trace,
+                    "Run each trial's measured step under the Kineto profiler and keep its Chrome trace (Perfetto opens it)");
   command->add_option("--fail-on", args->fail_on,
                       "Exit 1 when: failed (a trial crashed/timed out/errored), invalid (verdict INVALID or "
                       "INCONCLUSIVE), verdict=NAME");

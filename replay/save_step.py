@@ -1,8 +1,9 @@
 """Save one attention step from a training loop, for `harness replay --import step.pt`.
 
 The file is torch.save of a dict: the step's tensors under fixed names plus "meta", a JSON string
-with the dims the tensors cannot tell (block size, anchors) and the mask description. The format
-is in replay/README.md; this helper is all a training script needs:
+with the dims the tensors cannot tell (block size, anchors) and the mask description; or, for a
+path ending in .safetensors, a safetensors file of the same tensors with "meta" in its metadata.
+The format is in replay/README.md; this helper is all a training script needs:
 
     from save_step import save_step
     out = attention(q, k, v)                       # q: [batch, heads, Q_LEN, head_dim]
@@ -43,5 +44,10 @@ def save_step(path, q, k, v, grad_out, *, mask, block_size=16, anchors=None, doc
         entries["anchors"] = torch.as_tensor(anchors).detach().cpu().long()
     if doc_id is not None:
         entries["doc_id"] = torch.as_tensor(doc_id).detach().cpu().int()
-    entries["meta"] = json.dumps({"name": name, "dims": {"block_size": block_size, **dims}, "mask": mask})
+    meta = json.dumps({"name": name, "dims": {"block_size": block_size, **dims}, "mask": mask})
+    if str(path).endswith(".safetensors"):
+        from safetensors.torch import save_file
+        save_file(entries, str(path), metadata={"meta": meta})
+        return
+    entries["meta"] = meta
     torch.save(entries, path, _use_new_zipfile_serialization=True)

@@ -103,13 +103,17 @@ TEST_CASE("a capsule round-trips every tensor bit for bit", "[replay]") {
   CHECK(written.created);
   CHECK(fs::path(written.path).filename() == written.sha256 + ".capsule");
   CHECK(static_cast<int64_t>(fs::file_size(written.path)) == written.bytes);
+  CHECK(replay::is_safetensors_file(written.path));
 
   const auto info = replay::inspect_capsule(written.path, /*verify_payload=*/true, written.sha256, "the test");
   REQUIRE(info.tensors.size() == tensors.size());
+  CHECK(info.version == replay::kCapsuleVersion);
+  CHECK(info.payload_offset % replay::kCapsuleAlignment == 0);
   for (const auto& [name, tensor] : tensors) {
     const auto* entry = info.find(name);
     REQUIRE(entry != nullptr);
-    CHECK(entry->offset % replay::kCapsuleAlignment == 0);
+    // safetensors: back to back from a 64-byte aligned start, each at a multiple of its element size.
+    CHECK((info.payload_offset + entry->offset) % *replay::dtype_bytes(entry->dtype) == 0);
     const at::Tensor loaded = replay::load_tensor(info, *entry);
     CHECK(loaded.scalar_type() == tensor.scalar_type());
     CHECK(loaded.sizes() == tensor.sizes());
@@ -147,9 +151,11 @@ TEST_CASE("a damaged capsule is an error naming the problem, never a crash", "[r
   SECTION("a changed header") {
     std::ifstream in(written.path, std::ios::binary);
     std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const auto at = file.find("\"role\":\"test\"");
+    // The capsule header is a JSON string inside safetensors' header: its quotes are escaped.
+    const std::string role = "role\\\":\\\"test";
+    const auto at = file.find(role);
     REQUIRE(at != std::string::npos);
-    file.replace(at, 13, "\"role\":\"tost\"");
+    file.replace(at + role.size() - 4, 4, "tost");
     std::ofstream(written.path, std::ios::binary | std::ios::trunc) << file;
     const std::string error = error_of([&] { replay::inspect_capsule(written.path, false); });
     CHECK(error.find("hash mismatch") != std::string::npos);
@@ -328,5 +334,45 @@ TEST_CASE("a step saved with torch.save imports as a capsule and replays", "[rep
     std::ofstream(dir.file("d.pt")) << "not a zip";
     CHECK(error_of([&] { replay::import_step_file(dir.file("d.pt"), dir.path); }).find("torch.save") !=
           std::string::npos);
+  }
+}
+
+// A capsule written by the version 1 format (before capsules became safetensors files), kept
+// under tests/data/capsule_v1 with the outputs of the trial that wrote it (tests/cli/replay_small.json,
+// variant fused, on the CPU): it still verifies, loads and replays, and replays to its outputs.
+TEST_CASE("a version 1 capsule still verifies and replays", "[replay][migration]") {
+  const fs::path folder = fs::path(HARNESS_TEST_DATA_DIR) / "data" / "capsule_v1";
+  std::string step_path, outputs_path;
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    if (entry.path().extension() == replay::kStepExtension) step_path = entry.path().string();
+    if (entry.path().extension() == replay::kOutputsExtension) outputs_path = entry.path().string();
+  }
+  REQUIRE_FALSE(step_path.empty());
+  REQUIRE_FALSE(outputs_path.empty());
+  const auto info = replay::inspect_capsule(step_path, /*verify_payload=*/true, fs::path(step_path).stem().string(), "the test");
+  CHECK(info.version == replay::kLegacyCapsuleVersion);
+  CHECK_FALSE(replay::is_safetensors_file(step_path));
+  const auto original = replay::inspect_capsule(outputs_path, true);
+  CHECK(original.header["of"] == info.sha256);
+  const spec::Spec spec = spec::parse_spec(info.header["spec"], step_path, true);
+  replay::check_step_fits_spec(info, spec);
+
+  TempDir dir;
+  auto context = context_for("fused", dir);
+  context.keep_capsules = true;
+  context.replay_capsule = step_path;
+  const auto replayed = kinds::run_attention_step(spec, context);
+  REQUIRE(replayed.status == "ok");
+  const auto* outputs = artifact(replayed, "outputs");
+  REQUIRE(outputs != nullptr);
+  const auto fresh = replay::inspect_capsule(outputs->path, true);
+  CHECK(fresh.version == replay::kCapsuleVersion);  // what is written now is safetensors
+  const auto comparisons = replay::compare_outputs(original, fresh);
+  REQUIRE(comparisons.size() == 8);
+  for (const auto& c : comparisons) {
+    INFO(c.name);
+    CHECK(c.note.empty());
+    // Bitwise on the same kernels; a later change of the CPU kernels may round differently.
+    CHECK((c.bitwise_equal || c.max_rel_err < 1e-2));
   }
 }
