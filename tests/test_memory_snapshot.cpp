@@ -3,6 +3,7 @@
 // anything that would execute code, the timeline, peak and OOM state of a snapshot, the names
 // the memory model gives its blocks, and the SVGs the writeup embeds.
 
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -46,8 +47,8 @@ TEST_CASE("the pickle reader reads protocol 2 and 4 alike", "[snapshot]") {
 }
 
 TEST_CASE("the pickle reader refuses what would run code, and says where a pickle is cut", "[snapshot]") {
-  // GLOBAL 'os system' then REDUCE: pickle's way to call a function.
-  const std::string global = std::string("\x80\x02") + "cos\nsystem\nq\x00X\x02\x00\x00\x00lsq\x01\x85R.";
+  // GLOBAL 'os system': how a pickle names a function to call. The reader stops there.
+  const std::string global = "\x80\x02" "cos\nsystem\n";
   try {
     an::read_pickle(global);
     FAIL("a GLOBAL opcode was accepted");
@@ -63,8 +64,13 @@ TEST_CASE("the pickle reader refuses what would run code, and says where a pickl
     CHECK(std::string(error.what()).find("truncated") != std::string::npos);
   }
   // Integers: negative BININT, LONG1 of 8 bytes with the sign bit, BINFLOAT.
-  const std::string numbers = std::string("\x80\x02]q\x00(J\xff\xff\xff\xff\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x80", 22) +
-                              std::string("G\x3f\xf8\x00\x00\x00\x00\x00\x00e.", 11);
+  const unsigned char numbers_bytes[] = {
+      0x80, 0x02, ']', 'q', 0x00, '(',                               // PROTO 2, EMPTY_LIST, BINPUT 0, MARK
+      'J', 0xff, 0xff, 0xff, 0xff,                                   // BININT -1
+      0x8a, 0x08, 0, 0, 0, 0, 0, 0, 0, 0x80,                         // LONG1 of 8 bytes: INT64_MIN
+      'G', 0x3f, 0xf8, 0, 0, 0, 0, 0, 0,                             // BINFLOAT 1.5 (big-endian)
+      'e', '.'};                                                     // APPENDS, STOP
+  const std::string numbers(reinterpret_cast<const char*>(numbers_bytes), sizeof numbers_bytes);
   const auto values = an::read_pickle(numbers);
   REQUIRE(values.size() == 3);
   CHECK(values[0].get<int64_t>() == -1);
@@ -107,8 +113,12 @@ TEST_CASE("a snapshot's timeline, peak and OOM, named by the memory model", "[sn
 }
 
 TEST_CASE("a snapshot file that is not one is named in the error", "[snapshot]") {
-  CHECK_THROWS_WITH(an::read_snapshot(kData + "make_synthetic_snapshot.py"),
-                    Catch::Matchers::Contains("make_synthetic_snapshot.py"));
+  try {
+    an::read_snapshot(kData + "make_synthetic_snapshot.py");
+    FAIL("a Python file was read as a snapshot");
+  } catch (const an::SnapshotError& error) {
+    CHECK(std::string(error.what()).find("make_synthetic_snapshot.py") != std::string::npos);
+  }
   CHECK_THROWS_AS(an::summarize_snapshot(nlohmann::json::object(), "x.pickle"), an::SnapshotError);
 }
 

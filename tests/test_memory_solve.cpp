@@ -2,6 +2,7 @@
 // "Tried to allocate 15.09 GiB" at 512 anchors and 32 heads implies a context near 7 260; the
 // printed size's rounding interval; pinned and impossible dims.
 
+#include <cmath>
 #include <string>
 
 #include "experiments/memory_model.h"
