@@ -73,8 +73,11 @@ std::string names_of(const memory_model::Prediction& prediction, int64_t bytes, 
     const int64_t size = as_request ? memory_model::cuda_request_bytes(a.bytes) : memory_model::allocated_bytes(a.bytes, "cuda");
     if (size == bytes && std::find(names.begin(), names.end(), a.tensor) == names.end()) names.push_back(a.tensor);
   }
+  // At small dims many tensors share a size; three names and a count keep a bar's label readable.
+  constexpr size_t kNamesShown = 3;
   std::string text;
-  for (const auto& name : names) text += (text.empty() ? "" : " = ") + name;
+  for (size_t i = 0; i < std::min(names.size(), kNamesShown); ++i) text += (text.empty() ? "" : " = ") + names[i];
+  if (names.size() > kNamesShown) text += fmt::format(" (+{} more)", names.size() - kNamesShown);
   return text;
 }
 

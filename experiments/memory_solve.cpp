@@ -172,33 +172,40 @@ std::vector<DimSolve> solve(const std::vector<std::pair<nlohmann::json, spec::Sp
       spec::Spec probe = point_spec;
       const int64_t spec_value = *dim_field(probe.dims, dim);
       // Tensor kinds as the spec has them; each is followed along the dim by its (variant, name).
+      // The model takes heads only in multiples of kv_heads (GQA groups); the search runs over
+      // those multiples, so that every value it probes is one the model answers for.
+      const int64_t step = dim == "dims.heads" ? std::max<int64_t>(1, point_spec.dims.kv_heads) : 1;
+      const int64_t max_steps = kMaxValue / step;
       for (const KindAt& kind : evaluator.kinds_at(spec_value)) {
         const std::string& variant = kind.variants.front();
-        auto request = [&](int64_t value) -> std::optional<int64_t> {
-          const auto a = evaluator.allocation_at(variant, kind.tensor, value);
+        // Both in multiples of `step`: the allocator's request and the tensor's own bytes.
+        auto request = [&](int64_t multiple) -> std::optional<int64_t> {
+          const auto a = evaluator.allocation_at(variant, kind.tensor, multiple * step);
           if (!a) return std::nullopt;
           return evaluator.request_of(a->bytes);
         };
-        const auto at_one = request(1), at_max = request(kMaxValue);
-        if (at_one && at_max && *at_one == *at_max) continue;  // does not depend on this dim
-        const int64_t first = first_at_least(1, kMaxValue, interval.low, request);
-        const int64_t past = first_at_least(first, kMaxValue, interval.high + 1, request);
-        if (first > kMaxValue || past == first) continue;
-        const int64_t last = past - 1;
-
-        // The value whose tensor is nearest the printed size (the allocator's rounding makes a
-        // plateau of equal requests; the tensor itself tells them apart); a valid spec when one
-        // exists nearby (heads must stay a multiple of kv_heads, anchors fit the context, ...).
-        auto tensor_bytes = [&](int64_t value) -> std::optional<int64_t> {
-          const auto a = evaluator.allocation_at(variant, kind.tensor, value);
+        auto tensor_bytes = [&](int64_t multiple) -> std::optional<int64_t> {
+          const auto a = evaluator.allocation_at(variant, kind.tensor, multiple * step);
           if (!a) return std::nullopt;
           return a->bytes;
         };
-        int64_t best = std::min(first_at_least(first, last, interval.nominal, tensor_bytes), last);
-        if (best > first) {
-          const auto below = tensor_bytes(best - 1), here = tensor_bytes(best);
-          if (below && here && std::llabs(interval.nominal - *below) < std::llabs(*here - interval.nominal)) best = best - 1;
+        const auto at_one = request(1), at_max = request(max_steps);
+        if (at_one && at_max && *at_one == *at_max) continue;  // does not depend on this dim
+        const int64_t first_step = first_at_least(1, max_steps, interval.low, request);
+        const int64_t past_step = first_at_least(first_step, max_steps, interval.high + 1, request);
+        if (first_step > max_steps || past_step == first_step) continue;
+        const int64_t last_step = past_step - 1;
+
+        // The value whose tensor is nearest the printed size (the allocator's rounding makes a
+        // plateau of equal requests; the tensor itself tells them apart); a valid spec when one
+        // exists nearby (anchors fit the context, ...).
+        int64_t best_step = std::min(first_at_least(first_step, last_step, interval.nominal, tensor_bytes), last_step);
+        if (best_step > first_step) {
+          const auto below = tensor_bytes(best_step - 1), here = tensor_bytes(best_step);
+          if (below && here && std::llabs(interval.nominal - *below) < std::llabs(*here - interval.nominal)) --best_step;
         }
+        const int64_t first = first_step * step, last = last_step * step;
+        int64_t best = best_step * step;
         Solution solution;
         solution.dim = dim;
         solution.point = point;
@@ -207,9 +214,9 @@ std::vector<DimSolve> solve(const std::vector<std::pair<nlohmann::json, spec::Sp
         solution.last = last;
         std::string problem;
         bool valid = false;
-        for (int64_t step = 0; step <= last - first && step < 4096 && !valid; ++step) {
-          for (const int64_t candidate : {best - step, best + step}) {
-            if (candidate < first || candidate > last || (step == 0 && candidate != best)) continue;
+        for (int64_t distance = 0; distance <= last - first && distance < 4096 * step && !valid; distance += step) {
+          for (const int64_t candidate : {best - distance, best + distance}) {
+            if (candidate < first || candidate > last) continue;
             nlohmann::json at_point = point;
             at_point[dim] = candidate;
             try {
@@ -220,7 +227,7 @@ std::vector<DimSolve> solve(const std::vector<std::pair<nlohmann::json, spec::Sp
             } catch (const std::exception& error) {
               if (problem.empty()) problem = error.what();
             }
-            if (step == 0) break;
+            if (distance == 0) break;
           }
         }
         if (!valid) solution.invalid = problem.empty() ? "no valid value in the range" : problem;

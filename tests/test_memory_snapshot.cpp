@@ -28,7 +28,9 @@ std::string read_bytes(const std::string& path) {
 }
 
 harness::memory_model::Prediction dense_prediction() {
-  const auto spec = harness::spec::load_spec_file(std::string(HARNESS_TEST_DATA_DIR) + "/cli/replay_small.json");
+  harness::spec::LoadOptions options;
+  options.allow_faults = true;  // its "throw" variant
+  const auto spec = harness::spec::load_spec_file(std::string(HARNESS_TEST_DATA_DIR) + "/cli/replay_small.json", options);
   return harness::memory_model::predict(spec, "dense", "cuda");
 }
 
