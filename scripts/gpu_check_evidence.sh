@@ -27,7 +27,7 @@ mkdir -p "$out"
 build_dir=${BUILD_DIR:-$root/build-h200}
 BUILD_TARGETS="harness" BUILD_DIR=$build_dir "$root/scripts/h200_build.sh" > "$out/build.log" 2>&1 ||
   { echo "build failed (see $out/build.log)"; tail -30 "$out/build.log"; exit 2; }
-harness=$build_dir/harness
+harness=$build_dir/harness/harness
 failures=0
 check() {  # check NAME COMMAND...: runs it, prints PASS/FAIL
   local name=$1; shift

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 ROOT = Path(__file__).resolve().parents[2]
-HARNESS = os.environ.get("HARNESS_BINARY", str(ROOT / "build" / "harness"))
+HARNESS = os.environ.get("HARNESS_BINARY", str(ROOT / "build" / "harness" / "harness"))
 SMALL = ROOT / "tests" / "cli" / "replay_small.json"
 
 
