@@ -4,6 +4,7 @@
 // the CPU says snapshots are CUDA's; kept capsules are safetensors files `show` says how to load.
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -98,4 +99,44 @@ TEST_CASE("run --trace keeps a Chrome trace per trial on the CPU; show names it 
   CHECK(show.out.find("\nartifacts\n") != std::string::npos);
   CHECK(show.out.find("https://ui.perfetto.dev") != std::string::npos);
   CHECK(show.out.find("load_file(") != std::string::npos);  // the "throw" trial's kept capsule
+}
+
+// A capsule of the version 1 format (written by the writer before capsules became safetensors,
+// tests/data/capsule_v1) still replays through the trial child, and what it writes now is safetensors.
+TEST_CASE("a version 1 capsule still replays through the trial child", "[cli][replay][migration]") {
+  Sandbox box;
+  fs::path capsule;
+  for (const auto& entry : fs::directory_iterator(fs::path(HARNESS_TEST_DATA_DIR) / "data" / "capsule_v1"))
+    if (entry.path().extension() == ".capsule") capsule = entry.path();
+  REQUIRE_FALSE(capsule.empty());
+  // Its header, after the preamble line "harness-capsule 1 <header bytes> <payload offset>".
+  const std::string file = slurp(capsule);
+  REQUIRE(file.rfind("harness-capsule 1 ", 0) == 0);
+  const size_t line_end = file.find('\n');
+  const size_t header_bytes = std::stoul(file.substr(18, file.find(' ', 18) - 18));
+  const auto header = nlohmann::json::parse(file.substr(line_end + 1, header_bytes));
+  const fs::path spec = box.dir / "spec.json";
+  std::ofstream(spec) << header["spec"].dump();
+
+  const fs::path result_path = box.dir / "result.json";
+  const Result trial = box.harness("__trial --spec " + spec.string() + " --variant fused --device cpu --allow-faults --result " +
+                                   result_path.string() + " --artifact-dir " + (box.dir / "artifacts").string() +
+                                   " --keep-capsules --replay-capsule " + capsule.string());
+  INFO(trial.err);
+  REQUIRE(trial.exit_code == 0);
+  const auto result = nlohmann::json::parse(slurp(result_path));
+  CHECK(result["status"] == "ok");
+  bool matched = false;
+  for (const auto& metric : result["metrics"]) matched = matched || (metric["name"] == "match" && metric["value"] == 1.0);
+  CHECK(matched);  // the fused step on the recorded inputs agrees with the fp32 reference
+  bool outputs = false;
+  for (const auto& artifact : result["artifacts"]) {
+    if (artifact["kind"] != "outputs") continue;
+    outputs = true;
+    const std::string written = slurp(artifact["path"].get<std::string>());
+    REQUIRE(written.size() > 8);
+    CHECK(written[8] == '{');  // safetensors: an 8-byte length, then the JSON header
+    CHECK(written.find("\"__metadata__\"") != std::string::npos);
+  }
+  CHECK(outputs);
 }
