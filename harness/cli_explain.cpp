@@ -141,7 +141,8 @@ std::string range_text(const mm::Solution& s) {
   return s.first == s.last ? std::to_string(s.first) : fmt::format("{}..{}", s.first, s.last);
 }
 
-void print_solves(const std::vector<mm::DimSolve>& solves, const mm::RequestInterval& interval) {
+void print_solves(const std::vector<mm::DimSolve>& solves, const mm::RequestInterval& interval,
+                  const std::vector<std::string>& overrides) {
   std::cout << (interval.low == interval.high
                     ? fmt::format("solving for a request of exactly {} B\n", interval.low)
                     : fmt::format("solving for a request printed as {}: {}..{} B\n", interval.printed, interval.low, interval.high));
@@ -174,7 +175,10 @@ void print_solves(const std::vector<mm::DimSolve>& solves, const mm::RequestInte
                                  range_text(s), s.invalid);
         continue;
       }
+      // The user's own --set arguments (but the solved dim's), then the point's and the solution.
       std::string sets;
+      for (const std::string& set : overrides)
+        if (set.rfind(s.dim + "=", 0) != 0) sets += " --set " + set;
       for (const std::string& set : s.set_args) sets += " --set " + set;
       std::cout << fmt::format("  replay {} ({} B asked at {}={}):{}\n", s.tensor, s.best_request_bytes, s.dim, s.best, sets);
     }
@@ -227,7 +231,7 @@ Action add_explain_command(CLI::App& app, GlobalOptions& options) {
         print_json(std::cout, json);
         return kExitOk;
       }
-      print_solves(solves, interval);
+      print_solves(solves, interval, args->overrides);
       return kExitOk;
     }
     const auto matches = mm::explain(points, message, explain, args->limit);
