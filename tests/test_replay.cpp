@@ -337,42 +337,42 @@ TEST_CASE("a step saved with torch.save imports as a capsule and replays", "[rep
   }
 }
 
-// A capsule written by the version 1 format (before capsules became safetensors files), kept
-// under tests/data/capsule_v1 with the outputs of the trial that wrote it (tests/cli/replay_small.json,
-// variant fused, on the CPU): it still verifies, loads and replays, and replays to its outputs.
+// A capsule written by the version 1 writer (before capsules became safetensors files), kept under
+// tests/data/capsule_v1 (the step of tests/cli/replay_small.json's dims, seeded random inputs): it
+// still verifies, loads and replays, and replays bit for bit like the same step re-written now.
 TEST_CASE("a version 1 capsule still verifies and replays", "[replay][migration]") {
   const fs::path folder = fs::path(HARNESS_TEST_DATA_DIR) / "data" / "capsule_v1";
-  std::string step_path, outputs_path;
-  for (const auto& entry : fs::directory_iterator(folder)) {
+  std::string step_path;
+  for (const auto& entry : fs::directory_iterator(folder))
     if (entry.path().extension() == replay::kStepExtension) step_path = entry.path().string();
-    if (entry.path().extension() == replay::kOutputsExtension) outputs_path = entry.path().string();
-  }
   REQUIRE_FALSE(step_path.empty());
-  REQUIRE_FALSE(outputs_path.empty());
   const auto info = replay::inspect_capsule(step_path, /*verify_payload=*/true, fs::path(step_path).stem().string(), "the test");
   CHECK(info.version == replay::kLegacyCapsuleVersion);
   CHECK_FALSE(replay::is_safetensors_file(step_path));
-  const auto original = replay::inspect_capsule(outputs_path, true);
-  CHECK(original.header["of"] == info.sha256);
-  const spec::Spec spec = spec::parse_spec(info.header["spec"], step_path, true);
-  replay::check_step_fits_spec(info, spec);
+  const spec::Spec step_spec = spec::parse_spec(info.header["spec"], step_path, true);
+  const replay::StepTensors step = replay::load_step(info, step_spec);
 
+  // The same step written in today's format.
   TempDir dir;
-  auto context = context_for("fused", dir);
-  context.keep_capsules = true;
-  context.replay_capsule = step_path;
-  const auto replayed = kinds::run_attention_step(spec, context);
-  REQUIRE(replayed.status == "ok");
-  const auto* outputs = artifact(replayed, "outputs");
-  REQUIRE(outputs != nullptr);
-  const auto fresh = replay::inspect_capsule(outputs->path, true);
-  CHECK(fresh.version == replay::kCapsuleVersion);  // what is written now is safetensors
-  const auto comparisons = replay::compare_outputs(original, fresh);
-  REQUIRE(comparisons.size() == 8);
-  for (const auto& c : comparisons) {
-    INFO(c.name);
-    CHECK(c.note.empty());
-    // Bitwise on the same kernels; a later change of the CPU kernels may round differently.
-    CHECK((c.bitwise_equal || c.max_rel_err < 1e-2));
+  nlohmann::json header = info.header;
+  header.erase("tensors");
+  header.erase("payload_bytes");
+  const auto rewritten = replay::write_capsule(dir.file("v2"), header, replay::step_tensors(step), replay::kStepExtension);
+  const auto info_v2 = replay::inspect_capsule(rewritten.path, true, rewritten.sha256, "the test");
+  CHECK(info_v2.version == replay::kCapsuleVersion);
+
+  std::vector<replay::CapsuleInfo> outputs;
+  for (const std::string& capsule : {step_path, rewritten.path}) {
+    auto context = context_for("fused", dir);
+    context.keep_capsules = true;
+    context.replay_capsule = capsule;
+    const auto replayed = kinds::run_attention_step(step_spec, context);
+    REQUIRE(replayed.status == "ok");
+    const auto* written = artifact(replayed, "outputs");
+    REQUIRE(written != nullptr);
+    outputs.push_back(replay::inspect_capsule(written->path, true));
   }
+  const auto comparisons = replay::compare_outputs(outputs[0], outputs[1]);
+  REQUIRE(comparisons.size() == 8);  // out, dq, dk, dv of 2 layers
+  for (const auto& c : comparisons) CHECK(c.bitwise_equal);
 }
