@@ -13,12 +13,16 @@
 #include <fmt/format.h>
 
 #include "analysis/env_diff.h"
+#include "analysis/memory_snapshot.h"
 #include "analysis/series.h"
 #include "analysis/stats.h"
 #include "analysis/svg_plot.h"
 #include "core/errors.h"
 #include "core/files.h"
 #include "core/printer.h"
+#include "experiments/memory_model.h"
+#include "experiments/spec.h"
+#include "experiments/sweep.h"
 
 namespace harness::analysis {
 namespace {
@@ -724,6 +728,67 @@ void add_memory_model(Document& doc, const RunView& view) {
     doc.paragraph(fmt::format("Largest deviation: {:+.1f} % ({}).", 100.0 * worst, worst_where));
 }
 
+// The allocator snapshots the run kept (an OOM's, or --memory-snapshot's): the timeline of
+// allocated and reserved bytes and the largest allocations at the OOM or the peak, each named with
+// the tensors the memory model predicts for that trial.
+void add_memory_snapshots(Document& doc, const RunView& view, const std::string& db_path) {
+  namespace fs = std::filesystem;
+  const auto& detail = view.detail;
+  std::vector<const db::Artifact*> snapshots;
+  for (const auto& artifact : detail.artifacts)
+    if (artifact.kind == "memory_snapshot") snapshots.push_back(&artifact);
+  if (snapshots.empty()) return;
+  doc.heading(2, "Allocator snapshots");
+  doc.paragraph("PyTorch's caching-allocator history of the step (open the file in PyTorch's memory_viz: "
+                "`python -m torch.cuda._memory_viz trace_plot FILE -o snapshot.html`). Bars name the tensors of that "
+                "size in the memory model's prediction for the trial.");
+  const fs::path db_dir = fs::absolute(fs::path(db_path)).parent_path();
+  int index = 0;
+  for (const auto* artifact : snapshots) {
+    const db::Trial* trial = nullptr;
+    for (const auto& t : detail.trials)
+      if (artifact->trial_id && t.id == *artifact->trial_id) trial = &t;
+    const std::string whose = trial ? fmt::format("`{}`{} ({})", trial->variant,
+                                                  trial->point.empty() ? "" : " at " + point_label(trial->point), trial->status)
+                                    : "the run";
+    const std::string path = (db_dir / artifact->path).lexically_normal().string();
+    SnapshotSummary summary;
+    try {
+      summary = read_snapshot(path);
+    } catch (const std::exception& error) {
+      doc.paragraph(fmt::format("Snapshot of {}: `{}` cannot be read: {}", whose, artifact->path, error.what()));
+      continue;
+    }
+    if (trial) {
+      try {
+        const spec::Spec trial_spec = spec::spec_at_point(
+            spec::parse_spec(detail.spec, "run " + std::to_string(detail.run.id), true),
+            trial->point.is_object() ? trial->point : json::object());
+        name_blocks(summary, memory_model::predict(trial_spec, trial->variant, "cuda"));
+      } catch (const std::exception&) {
+        // Not an attention_step spec, or one the model does not cover: the bars stay unnamed.
+      }
+    }
+    std::string text = fmt::format("Snapshot of {}: `{}`, {} allocator events; peak {} allocated, largest block {}",
+                                   whose, artifact->path, summary.trace_events,
+                                   format_bytes(static_cast<double>(summary.peak_allocated)),
+                                   format_bytes(static_cast<double>(summary.largest_block)));
+    if (summary.oom)
+      text += fmt::format("; the OOM asked for {}{} with {} allocated and {} reserved",
+                          format_bytes(static_cast<double>(summary.oom->requested_bytes)),
+                          summary.oom->name.empty() ? "" : " (" + summary.oom->name + ")",
+                          format_bytes(static_cast<double>(summary.oom->allocated)),
+                          format_bytes(static_cast<double>(summary.oom->reserved)));
+    doc.paragraph(text + ".");
+    const std::string id = "snapshot-" + std::to_string(++index);
+    doc.figure({id + "-peak",
+                fmt::format("Largest allocations at the {} of {}", summary.oom ? "OOM" : "peak", whose),
+                render_snapshot_peak_svg(summary, 8, fmt::format("Largest allocations at the {}", summary.oom ? "OOM" : "peak"))});
+    doc.figure({id + "-timeline", fmt::format("Allocated and reserved bytes over the recorded step of {}", whose),
+                render_snapshot_timeline_svg(summary, "Allocator timeline")});
+  }
+}
+
 void add_failures(Document& doc, const db::Store& store, const RunView& view, const std::vector<db::Run>& replays) {
   const auto& detail = view.detail;
   doc.heading(2, "Failures and replays");
@@ -1057,6 +1122,7 @@ Writeup build_writeup(const db::Store& store, const db::RunDetail& detail, const
   add_results(doc, view, make_figures(view));
   add_evidence(doc, detail.run);
   add_memory_model(doc, view);
+  add_memory_snapshots(doc, view, db_path);
   add_failures(doc, store, view, replays);
   add_history(doc, store, view);
   add_reproduce(doc, view, replays, db_path, compare_with);

@@ -1,14 +1,18 @@
 // `harness explain-oom MESSAGE --spec NAME` (or `--bytes N`): which tensors of an experiment's
 // variants, at each of its sweep points, have the size an out-of-memory error asked for, best first,
 // from the memory model (experiments/memory_model.h). With the message's cap ("96.00 GiB allowed")
-// the model also replays the step under it and says which allocation fails.
+// the model also replays the step under it and says which allocation fails. With `--solve DIM`
+// (or `--solve free`) it solves the model for that dim instead: the values at which a tensor asks
+// for exactly the message's bytes, and the --set that replays one (experiments/memory_solve.h).
 
+#include <algorithm>
 #include <iostream>
 #include <optional>
 
 #include <fmt/format.h>
 
 #include "experiments/memory_model.h"
+#include "experiments/memory_solve.h"
 #include "experiments/spec.h"
 #include "experiments/sweep.h"
 #include "core/files.h"
@@ -29,6 +33,7 @@ struct ExplainArgs {
   std::string device_kind;
   double tolerance = 0.03;
   size_t limit = 10;
+  std::vector<std::string> solve;  //!< dims to solve for; "free": every solvable dim no --set pins
 };
 
 mm::OomMessage read_message(const ExplainArgs& args) {
@@ -109,6 +114,77 @@ void print_matches(const std::vector<mm::Match>& matches) {
   }
 }
 
+// The dims a --solve names, and the ones --set pins (their paths, "dims.context").
+std::vector<std::string> dims_to_solve(const ExplainArgs& args, std::vector<std::string>& pinned) {
+  for (const std::string& override_arg : args.overrides) {
+    const auto equals = override_arg.find('=');
+    if (equals != std::string::npos) pinned.push_back(override_arg.substr(0, equals));
+  }
+  std::vector<std::string> dims;
+  for (const std::string& dim : args.solve) {
+    if (dim == "free") {
+      for (const std::string& d : mm::solvable_dims())
+        if (std::find(dims.begin(), dims.end(), d) == dims.end()) dims.push_back(d);
+      continue;
+    }
+    const std::string path = dim.rfind("dims.", 0) == 0 ? dim : "dims." + dim;
+    if (std::find(mm::solvable_dims().begin(), mm::solvable_dims().end(), path) == mm::solvable_dims().end())
+      throw UsageError(fmt::format("--solve {}: expected one of dims.context, dims.anchors, dims.heads, dims.batch or free", dim));
+    // Asked for by name: solved even when --set pins it (the --set then only fixes the other points).
+    pinned.erase(std::remove(pinned.begin(), pinned.end(), path), pinned.end());
+    if (std::find(dims.begin(), dims.end(), path) == dims.end()) dims.push_back(path);
+  }
+  return dims;
+}
+
+std::string range_text(const mm::Solution& s) {
+  return s.first == s.last ? std::to_string(s.first) : fmt::format("{}..{}", s.first, s.last);
+}
+
+void print_solves(const std::vector<mm::DimSolve>& solves, const mm::RequestInterval& interval,
+                  const std::vector<std::string>& overrides) {
+  std::cout << (interval.low == interval.high
+                    ? fmt::format("solving for a request of exactly {} B\n", interval.low)
+                    : fmt::format("solving for a request printed as {}: {}..{} B\n", interval.printed, interval.low, interval.high));
+  for (const mm::DimSolve& solve : solves) {
+    if (!solve.skipped.empty()) {
+      std::cout << fmt::format("{}: not solved ({})\n", solve.dim, solve.skipped);
+      continue;
+    }
+    if (solve.solutions.empty()) {
+      std::cout << fmt::format("{}: no value makes any tensor ask for that size\n", solve.dim);
+      continue;
+    }
+    std::cout << fmt::format("{}: values at which a tensor asks for that size\n", solve.dim);
+    Table table;
+    table.headers = {"point", "spec", "values", "best", "tensor", "variant", "shape", "dtype", "request", "formula"};
+    table.right_align = {false, true, true, true, false, false, false, false, true, false};
+    for (const mm::Solution& s : solve.solutions) {
+      const std::string point = spec::point_label(s.point);
+      std::string tensor = s.tensor;
+      for (const std::string& other : s.others) tensor += "=" + other;
+      table.rows.push_back({point.empty() ? "-" : point, std::to_string(s.spec_value), range_text(s),
+                            s.invalid.empty() ? std::to_string(s.best) : "-", tensor, s.variants, shape_text(s.best_shape),
+                            s.dtype, fmt::format("{} B", s.best_request_bytes), s.note});
+    }
+    print_table(std::cout, table);
+    for (const mm::Solution& s : solve.solutions) {
+      const std::string point = spec::point_label(s.point);
+      if (!s.invalid.empty()) {
+        std::cout << fmt::format("  {} at {}: no valid spec in {} ({})\n", s.tensor, point.empty() ? "the spec" : point,
+                                 range_text(s), s.invalid);
+        continue;
+      }
+      // The user's own --set arguments (but the solved dim's), then the point's and the solution.
+      std::string sets;
+      for (const std::string& set : overrides)
+        if (set.rfind(s.dim + "=", 0) != 0) sets += " --set " + set;
+      for (const std::string& set : s.set_args) sets += " --set " + set;
+      std::cout << fmt::format("  replay {} ({} B asked at {}={}):{}\n", s.tensor, s.best_request_bytes, s.dim, s.best, sets);
+    }
+  }
+}
+
 }  // namespace
 
 Action add_explain_command(CLI::App& app, GlobalOptions& options) {
@@ -126,6 +202,10 @@ Action add_explain_command(CLI::App& app, GlobalOptions& options) {
       ->check(CLI::IsMember({"cuda", "cpu"}));
   command->add_option("--tolerance", args->tolerance, "Relative size tolerance of a match (default 0.03)")
       ->check(CLI::Range(0.0, 1.0));
+  command->add_option("--solve", args->solve,
+                      "Solve the memory model for a dim (dims.context, dims.anchors, dims.heads, dims.batch; "
+                      "free: each one --set does not pin) so a tensor asks for exactly the message's bytes")
+      ->allow_extra_args(false);
   command->add_option("--limit", args->limit, "Most matches listed (default 10)")->check(CLI::PositiveNumber);
   add_global_options(*command, options);
   return [args, &options] {
@@ -135,6 +215,25 @@ Action add_explain_command(CLI::App& app, GlobalOptions& options) {
     explain.tolerance = args->tolerance;
     explain.device_kind = !args->device_kind.empty() ? args->device_kind : !message.device_kind.empty() ? message.device_kind : "cuda";
     explain.nearest_when_none = true;
+    if (!args->solve.empty()) {
+      std::vector<std::string> pinned;
+      const auto dims = dims_to_solve(*args, pinned);
+      const mm::RequestInterval interval = mm::request_interval(args->message, message.requested_bytes);
+      const auto solves = mm::solve(points, dims, pinned, interval, explain.device_kind, explain.model);
+      if (options.json) {
+        nlohmann::json json = {{"spec", args->spec},
+                               {"requested_bytes", message.requested_bytes},
+                               {"request_low", interval.low},
+                               {"request_high", interval.high},
+                               {"device_kind", explain.device_kind},
+                               {"solves", nlohmann::json::array()}};
+        for (const auto& solve : solves) json["solves"].push_back(mm::to_json(solve));
+        print_json(std::cout, json);
+        return kExitOk;
+      }
+      print_solves(solves, interval, args->overrides);
+      return kExitOk;
+    }
     const auto matches = mm::explain(points, message, explain, args->limit);
     const bool matched = !matches.empty() && matches.front().within_tolerance;
 

@@ -46,6 +46,8 @@ struct RunArgs {
   std::string memory_limit;
   std::string python = "python3";
   bool keep_capsules = false;
+  bool memory_snapshot = false;
+  bool trace = false;
   double env_timeout_s = 180.0;
   // Slurm (docs/RUNNING.md, "On a Slurm cluster").
   bool slurm = false;
@@ -404,6 +406,8 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
   settings.allow_faults = allow_faults;
   settings.python = args.python;
   settings.keep_capsules = args.keep_capsules;
+  settings.memory_snapshot = args.memory_snapshot;
+  settings.trace = args.trace;
   settings.artifact_dir = artifact_dir;
   settings.db_path = options.db_path;
   std::mutex mutex;  // guards the queue, the store, the runs and the progress display
@@ -483,6 +487,11 @@ Action add_run_command(CLI::App& app, GlobalOptions& options) {
                       "Cap the device memory of each trial's step (e.g. 96GiB), to reproduce an OOM of a smaller GPU");
   command->add_option("--python", args->python, "Interpreter for python experiments (default python3)");
   command->add_flag("--keep-capsules", args->keep_capsules, "Keep the capsules of trials that succeed too");
+  command->add_flag("--memory-snapshot", args->memory_snapshot,
+                    "Keep the CUDA allocator snapshot of each trial's measured step (PyTorch's memory_viz opens it; "
+                    "a trial that ends oom on CUDA keeps one always)");
+  command->add_flag("--trace", args->trace,
+                    "Run each trial's measured step under the Kineto profiler and keep its Chrome trace (Perfetto opens it)");
   command->add_option("--fail-on", args->fail_on,
                       "Exit 1 when: failed (a trial crashed/timed out/errored), invalid (verdict INVALID or "
                       "INCONCLUSIVE), verdict=NAME");

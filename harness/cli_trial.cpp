@@ -43,6 +43,8 @@ Action add_trial_command(CLI::App& app, GlobalOptions& options) {
   command->add_option("--spec-dir", context.spec_dir, "Folder of the spec file");
   command->add_option("--artifact-dir", context.artifact_dir, "Where capsules are written");
   command->add_flag("--keep-capsules", context.keep_capsules);
+  command->add_flag("--memory-snapshot", context.memory_snapshot);
+  command->add_flag("--trace", context.trace);
   command->add_option("--replay-capsule", context.replay_capsule, "Run the step recorded in this capsule");
   add_global_options(*command, options);
   return [args] {

@@ -73,6 +73,8 @@ RecordedTrial execute_trial(const PlannedRun& run, const Job& job, const TrialSe
   launch.spec_dir = fs::absolute(fs::path(run.spec_path)).parent_path().string();
   launch.artifact_dir = settings.artifact_dir;
   launch.keep_capsules = settings.keep_capsules;
+  launch.memory_snapshot = settings.memory_snapshot;
+  launch.trace = settings.trace;
   launch.timeout_s = run.spec.timeout_s;
   const std::string started_at = db::now_iso8601();
   const ChildOutcome outcome =

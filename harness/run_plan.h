@@ -51,6 +51,8 @@ struct TrialSettings {
   bool allow_faults = false;
   std::string python;  //!< interpreter for python kinds
   bool keep_capsules = false;
+  bool memory_snapshot = false;  //!< --memory-snapshot: keep the allocator's snapshot of the measured step
+  bool trace = false;            //!< --trace: keep a Kineto trace of the measured step
   std::string artifact_dir;
   std::string db_path;  //!< artifact paths are stored relative to this db's folder
 };

@@ -238,8 +238,10 @@ nlohmann::json run_detail_json(const db::RunDetail& detail) {
     json["metrics"].push_back({{"variant", m.variant}, {"point", m.point}, {"name", m.name},
                                {"value", m.value},     {"unit", m.unit},   {"repeat", m.repeat}});
   json["artifacts"] = nlohmann::json::array();
-  for (const auto& a : detail.artifacts)
+  for (const auto& a : detail.artifacts) {
     json["artifacts"].push_back({{"id", a.id}, {"kind", a.kind}, {"sha256", a.sha256}, {"path", a.path}, {"bytes", a.bytes}});
+    if (a.trial_id) json["artifacts"].back()["trial_id"] = *a.trial_id;
+  }
   return json;
 }
 

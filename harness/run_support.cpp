@@ -105,6 +105,8 @@ ChildCommand trial_command(const TrialLaunch& launch, const GlobalOptions& optio
   if (!launch.spec_dir.empty()) command.argv.insert(command.argv.end(), {"--spec-dir", launch.spec_dir});
   if (!launch.artifact_dir.empty()) command.argv.insert(command.argv.end(), {"--artifact-dir", launch.artifact_dir});
   if (launch.keep_capsules) command.argv.push_back("--keep-capsules");
+  if (launch.memory_snapshot) command.argv.push_back("--memory-snapshot");
+  if (launch.trace) command.argv.push_back("--trace");
   if (!launch.replay_capsule.empty())
     command.argv.insert(command.argv.end(), {"--replay-capsule", launch.replay_capsule});
   command.timeout_s = launch.timeout_s;

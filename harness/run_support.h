@@ -57,6 +57,8 @@ struct TrialLaunch {
   std::string spec_dir;
   std::string artifact_dir;
   bool keep_capsules = false;
+  bool memory_snapshot = false;  //!< keep the measured step's CUDA allocator snapshot
+  bool trace = false;            //!< keep a Kineto trace of the measured step
   std::string replay_capsule;
   double timeout_s = 600.0;
 };

@@ -101,6 +101,8 @@ TrialSettings settings_of(const nlohmann::json& manifest) {
   settings.allow_faults = entry.value("allow_faults", false);
   settings.python = entry.value("python", "python3");
   settings.keep_capsules = entry.value("keep_capsules", false);
+  settings.memory_snapshot = entry.value("memory_snapshot", false);
+  settings.trace = entry.value("trace", false);
   settings.artifact_dir = entry.at("artifact_dir").get<std::string>();
   settings.db_path = manifest.at("db").get<std::string>();
   return settings;
@@ -293,6 +295,8 @@ std::vector<int64_t> submit_runs(std::vector<PlannedRun>& runs, const std::vecto
                           {"allow_faults", settings.allow_faults},
                           {"python", settings.python},
                           {"keep_capsules", settings.keep_capsules},
+                          {"memory_snapshot", settings.memory_snapshot},
+                          {"trace", settings.trace},
                           {"artifact_dir", absolute(settings.artifact_dir)}};
   std::vector<int64_t> run_ids;
   for (size_t r = 0; r < runs.size(); ++r) {

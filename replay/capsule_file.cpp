@@ -78,19 +78,103 @@ bool is_sha256_hex(const std::string& text) {
          });
 }
 
-// The preamble for a header of `header_bytes`: the payload offset it names depends on the
-// preamble's own length, which depends on the digits of that offset; three rounds settle it.
-std::pair<std::string, int64_t> make_preamble(int64_t header_bytes) {
-  int64_t payload_offset = 0;
-  std::string line;
-  for (int round = 0; round < 3; ++round) {
-    line = std::string(kCapsuleMagic) + " " + std::to_string(kCapsuleVersion) + " " + std::to_string(header_bytes) +
-           " " + std::to_string(payload_offset) + "\n";
-    const int64_t needed = align_up(static_cast<int64_t>(line.size()) + header_bytes);
-    if (needed == payload_offset) break;
-    payload_offset = needed;
+// safetensors' dtype name of a capsule dtype.
+std::optional<std::string> safetensors_dtype(const std::string& dtype) {
+  static const std::pair<const char*, const char*> kNames[] = {{"bf16", "BF16"},   {"fp16", "F16"}, {"fp32", "F32"},
+                                                               {"fp64", "F64"},    {"int32", "I32"}, {"int64", "I64"},
+                                                               {"uint8", "U8"},    {"bool", "BOOL"}};
+  for (const auto& [ours, theirs] : kNames)
+    if (dtype == ours) return std::string(theirs);
+  return std::nullopt;
+}
+
+// The legacy (version 1) layout: "harness-capsule 1 <header bytes> <payload offset>\n", the
+// header, zeros up to the payload. Sets the header text and payload offset.
+std::string read_legacy_header(const File& in, CapsuleInfo& info, const std::string& first) {
+  const std::string& path = info.path;
+  const size_t line_end = first.find('\n');
+  if (line_end == std::string::npos)
+    throw CapsuleError(path + ": truncated or corrupt: the preamble line has no end (" + std::to_string(info.file_bytes) +
+                       " bytes)");
+  std::istringstream preamble(first.substr(std::strlen(kCapsuleMagic), line_end - std::strlen(kCapsuleMagic)));
+  int version = 0;
+  int64_t header_bytes = -1;
+  preamble >> version >> header_bytes >> info.payload_offset;
+  if (!preamble || header_bytes < 2 || info.payload_offset < static_cast<int64_t>(line_end + 1) + header_bytes)
+    throw CapsuleError(path + ": corrupt preamble '" + first.substr(0, line_end) + "'");
+  if (version != kLegacyCapsuleVersion)
+    throw CapsuleError(path + ": capsule format version " + std::to_string(version) + "; this harness reads versions " +
+                       std::to_string(kLegacyCapsuleVersion) + " and " + std::to_string(kCapsuleVersion));
+  const int64_t header_start = static_cast<int64_t>(line_end) + 1;
+  if (info.file_bytes < header_start + header_bytes)
+    throw CapsuleError(path + ": truncated: " + std::to_string(info.file_bytes) + " bytes, but the header alone ends at byte " +
+                       std::to_string(header_start + header_bytes));
+  std::string header_text(static_cast<size_t>(header_bytes), '\0');
+  if (!in.read_at(header_text.data(), header_text.size(), header_start))
+    throw CapsuleError(path + ": cannot read the header");
+  return header_text;
+}
+
+// A safetensors file's JSON header (u64 little-endian length, then that much JSON); sets the
+// payload offset. Throws CapsuleError naming the file.
+nlohmann::json read_safetensors_layout(const File& in, CapsuleInfo& info) {
+  const std::string& path = info.path;
+  unsigned char length_bytes[8];
+  if (info.file_bytes < 8 || !in.read_at(length_bytes, 8, 0)) throw CapsuleError(path + ": truncated: shorter than 8 bytes");
+  uint64_t layout_bytes = 0;
+  for (int byte = 7; byte >= 0; --byte) layout_bytes = (layout_bytes << 8) | length_bytes[byte];
+  if (layout_bytes < 2 || layout_bytes > kMaxSafetensorsHeaderBytes)
+    throw CapsuleError(path + ": not a safetensors file (its first 8 bytes are no plausible header length)");
+  if (static_cast<uint64_t>(info.file_bytes) < 8 + layout_bytes)
+    throw CapsuleError(path + ": truncated: " + std::to_string(info.file_bytes) + " bytes, but the safetensors header alone ends at byte " +
+                       std::to_string(8 + layout_bytes));
+  std::string layout_text(static_cast<size_t>(layout_bytes), '\0');
+  if (!in.read_at(layout_text.data(), layout_text.size(), 8)) throw CapsuleError(path + ": cannot read the safetensors header");
+  auto layout = nlohmann::json::parse(layout_text, nullptr, false);
+  if (layout.is_discarded() || !layout.is_object())
+    throw CapsuleError(path + ": not a safetensors file (the bytes after the first 8 are not a JSON object)");
+  info.payload_offset = 8 + static_cast<int64_t>(layout_bytes);
+  return layout;
+}
+
+// The capsule layout (version 2): a safetensors file whose __metadata__ carries the capsule
+// header as a string. Checks that safetensors' own entries say what the capsule header says.
+// Returns the header text.
+std::string read_safetensors_header(const File& in, CapsuleInfo& info) {
+  const std::string& path = info.path;
+  const nlohmann::json layout = read_safetensors_layout(in, info);
+  const auto metadata = layout.find(kSafetensorsMetadataKey);
+  if (metadata == layout.end() || !metadata->is_object() || !metadata->contains("capsule") || !(*metadata)["capsule"].is_string())
+    throw CapsuleError(path + ": a safetensors file without a harness capsule header (no __metadata__.capsule); a step saved "
+                       "from Python replays with `harness replay --import " + path + "`");
+  if (metadata->value("format", "") != kCapsuleMagic || metadata->value("version", "") != std::to_string(kCapsuleVersion))
+    throw CapsuleError(path + ": capsule format '" + metadata->value("format", "") + "' version '" + metadata->value("version", "") +
+                       "'; this harness reads " + kCapsuleMagic + " versions " + std::to_string(kLegacyCapsuleVersion) +
+                       " and " + std::to_string(kCapsuleVersion));
+  std::string header_text = (*metadata)["capsule"].get<std::string>();
+  const auto header = nlohmann::json::parse(header_text, nullptr, false);
+  if (header.is_discarded() || !header.is_object() || !header.contains("tensors") || !header["tensors"].is_array())
+    throw CapsuleError(path + ": corrupt header: __metadata__.capsule is not a capsule header with a tensor list");
+  // Every tensor safetensors would load is one the capsule lists, at the same place.
+  size_t listed = 0;
+  for (const auto& [name, entry] : layout.items()) {
+    if (name == kSafetensorsMetadataKey) continue;
+    ++listed;
+    const auto ours = std::find_if(header["tensors"].begin(), header["tensors"].end(),
+                                   [&](const nlohmann::json& t) { return t.value("name", "") == name; });
+    if (ours == header["tensors"].end())
+      throw CapsuleError(path + ": tensor " + name + " is in the safetensors header but not in the capsule header");
+    const int64_t offset = ours->value("offset", int64_t{-1}), bytes = ours->value("bytes", int64_t{-1});
+    const auto dtype = safetensors_dtype(ours->value("dtype", ""));
+    if (!entry.is_object() || !dtype || entry.value("dtype", "") != *dtype || entry.value("shape", nlohmann::json()) != (*ours)["shape"] ||
+        entry.value("data_offsets", nlohmann::json()) != nlohmann::json{offset, offset + bytes})
+      throw CapsuleError(path + ": tensor " + name + ": the safetensors header (" + entry.dump() +
+                         ") disagrees with the capsule header");
   }
-  return {line, payload_offset};
+  if (listed != header["tensors"].size())
+    throw CapsuleError(path + ": the capsule header lists " + std::to_string(header["tensors"].size()) +
+                       " tensors, the safetensors header " + std::to_string(listed));
+  return header_text;
 }
 
 TensorEntry parse_entry(const nlohmann::json& json, const std::string& where) {
@@ -205,22 +289,45 @@ WrittenCapsule write_capsule_file(const std::string& dir, nlohmann::json header,
   std::vector<std::pair<const void*, size_t>> ranges;
   for (const auto& tensor : tensors) ranges.emplace_back(tensor.data, static_cast<size_t>(tensor.bytes));
   const std::vector<std::string> hashes = sha256_parallel(ranges);
+
+  // safetensors wants the tensors back to back, covering the data exactly (no padding between
+  // them). Widest elements first, so that with the data starting at a multiple of 64 every
+  // tensor starts at a multiple of its element size.
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return dtype_bytes(tensors[a].dtype).value_or(1) > dtype_bytes(tensors[b].dtype).value_or(1);
+  });
   nlohmann::json entries = nlohmann::json::array();
+  nlohmann::json layout = nlohmann::json::object();
   int64_t payload_bytes = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
+  for (const size_t i : order) {
     const auto& tensor = tensors[i];
-    payload_bytes = align_up(payload_bytes);
+    const auto st_dtype = safetensors_dtype(tensor.dtype);
+    if (!st_dtype) throw CapsuleError("cannot store tensor " + tensor.name + " of dtype " + tensor.dtype + " in a capsule");
+    if (tensor.name == kSafetensorsMetadataKey) throw CapsuleError("a tensor cannot be named " + std::string(kSafetensorsMetadataKey));
     entries.push_back({{"name", tensor.name}, {"dtype", tensor.dtype}, {"shape", tensor.shape},
                        {"offset", payload_bytes}, {"bytes", tensor.bytes}, {"sha256", hashes[i]}});
+    layout[tensor.name] = {{"dtype", *st_dtype}, {"shape", tensor.shape}, {"data_offsets", {payload_bytes, payload_bytes + tensor.bytes}}};
     payload_bytes += tensor.bytes;
   }
   header["format"] = kCapsuleMagic;
   header["version"] = kCapsuleVersion;
   header["tensors"] = entries;
   header["payload_bytes"] = payload_bytes;
+  // The capsule header travels as one string of safetensors' metadata (a map of strings); its
+  // SHA-256, over the text exactly as stored, is the capsule's id.
   const std::string header_text = header.dump();
   const std::string sha = db::sha256_hex(header_text);
-  const auto [preamble, payload_offset] = make_preamble(static_cast<int64_t>(header_text.size()));
+  layout[kSafetensorsMetadataKey] = {{"format", kCapsuleMagic}, {"version", std::to_string(kCapsuleVersion)},
+                                     {"capsule", header_text}};
+  std::string layout_text = layout.dump();
+  // Spaces after the JSON (still valid JSON) so that the data starts at a multiple of 64.
+  layout_text.append(static_cast<size_t>(align_up(8 + static_cast<int64_t>(layout_text.size())) - 8) - layout_text.size(), ' ');
+  const int64_t payload_offset = 8 + static_cast<int64_t>(layout_text.size());
+  std::string preamble(8, '\0');
+  uint64_t layout_bytes = layout_text.size();
+  for (int byte = 0; byte < 8; ++byte) preamble[byte] = static_cast<char>((layout_bytes >> (8 * byte)) & 0xff);
 
   WrittenCapsule written;
   written.sha256 = sha;
@@ -230,23 +337,69 @@ WrittenCapsule write_capsule_file(const std::string& dir, nlohmann::json header,
 
   try {
     AtomicFile out(written.path);
-    const std::string zeros(static_cast<size_t>(kCapsuleAlignment), '\0');
     out.write(preamble.data(), preamble.size());
-    out.write(header_text.data(), header_text.size());
-    out.write(zeros.data(), static_cast<size_t>(payload_offset) - preamble.size() - header_text.size());
-    int64_t position = 0;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const int64_t offset = entries[i]["offset"].get<int64_t>();
-      out.write(zeros.data(), static_cast<size_t>(offset - position));
-      out.write(tensors[i].data, static_cast<size_t>(tensors[i].bytes));
-      position = offset + tensors[i].bytes;
-    }
+    out.write(layout_text.data(), layout_text.size());
+    for (const size_t i : order) out.write(tensors[i].data, static_cast<size_t>(tensors[i].bytes));
     // Content-addressed: when another trial stored the same capsule meanwhile, theirs stays.
     written.created = out.commit(AtomicFile::Existing::kKeep);
   } catch (const InfraError& error) {
     throw CapsuleError(error.what());
   }
   return written;
+}
+
+bool is_safetensors_file(const std::string& path) {
+  File in(path, O_RDONLY);
+  char start[9];
+  return in.ok() && in.read_at(start, sizeof start, 0) && start[8] == '{';
+}
+
+CapsuleInfo read_safetensors(const std::string& path) {
+  File in(path, O_RDONLY);
+  if (!in.ok()) throw CapsuleError(path + ": cannot open (" + std::strerror(errno) + ")");
+  struct stat status {};
+  if (::fstat(in.fd(), &status) != 0) throw CapsuleError(path + ": cannot stat");
+  CapsuleInfo info;
+  info.path = path;
+  info.file_bytes = status.st_size;
+  const nlohmann::json layout = read_safetensors_layout(in, info);
+  info.header = nlohmann::json::object();
+  int64_t data_end = 0;
+  for (const auto& [name, entry] : layout.items()) {
+    if (name == kSafetensorsMetadataKey) {
+      if (!entry.is_object()) throw CapsuleError(path + ": __metadata__ is not a map of strings");
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string()) throw CapsuleError(path + ": __metadata__." + key + " is not a string");
+        info.header[key] = value;
+      }
+      continue;
+    }
+    TensorEntry tensor;
+    tensor.name = name;
+    try {
+      const std::string st_dtype = entry.at("dtype").get<std::string>();
+      for (const char* ours : {"bf16", "fp16", "fp32", "fp64", "int32", "int64", "uint8", "bool"})
+        if (safetensors_dtype(ours) == st_dtype) tensor.dtype = ours;
+      if (tensor.dtype.empty()) throw CapsuleError(path + ": tensor " + name + " has dtype " + st_dtype + ", which a step cannot hold");
+      tensor.shape = entry.at("shape").get<std::vector<int64_t>>();
+      const auto offsets = entry.at("data_offsets").get<std::vector<int64_t>>();
+      if (offsets.size() != 2 || offsets[0] < 0 || offsets[1] < offsets[0]) throw CapsuleError(path + ": tensor " + name + " has bad data_offsets");
+      tensor.offset = offsets[0];
+      tensor.bytes = offsets[1] - offsets[0];
+    } catch (const nlohmann::json::exception& error) {
+      throw CapsuleError(path + ": tensor " + name + ": malformed safetensors entry (" + error.what() + ")");
+    }
+    if (std::any_of(tensor.shape.begin(), tensor.shape.end(), [](int64_t extent) { return extent < 0; }) ||
+        numel(tensor.shape) * *dtype_bytes(tensor.dtype) != tensor.bytes)
+      throw CapsuleError(path + ": tensor " + name + ": " + std::to_string(tensor.bytes) + " bytes do not fit shape " +
+                         shape_text(tensor.shape) + " of " + tensor.dtype);
+    data_end = std::max(data_end, tensor.offset + tensor.bytes);
+    info.tensors.push_back(std::move(tensor));
+  }
+  if (info.payload_offset + data_end > info.file_bytes)
+    throw CapsuleError(path + ": truncated: the tensors end at byte " + std::to_string(info.payload_offset + data_end) + " of " +
+                       std::to_string(info.file_bytes));
+  return info;
 }
 
 CapsuleInfo inspect_capsule(const std::string& path, bool verify_payload, const std::optional<std::string>& expected_sha256,
@@ -261,31 +414,18 @@ CapsuleInfo inspect_capsule(const std::string& path, bool verify_payload, const 
 
   std::string first(std::min<size_t>(kMaxPreambleBytes, static_cast<size_t>(info.file_bytes)), '\0');
   if (!in.read_at(first.data(), first.size(), 0)) throw CapsuleError(path + ": cannot read the capsule");
-  if (first.rfind(kCapsuleMagic, 0) != 0) {
+  std::string header_text;
+  if (first.rfind(kCapsuleMagic, 0) == 0) {
+    header_text = read_legacy_header(in, info, first);
+    info.version = kLegacyCapsuleVersion;
+  } else if (first.size() > 8 && first[8] == '{') {
+    header_text = read_safetensors_header(in, info);
+    info.version = kCapsuleVersion;
+  } else {
     const bool zip = first.rfind("PK", 0) == 0;
-    throw CapsuleError(path + ": not a harness capsule (it does not start with '" + kCapsuleMagic + "')" +
+    throw CapsuleError(path + ": not a harness capsule (neither a safetensors file nor one starting with '" + kCapsuleMagic + "')" +
                        (zip ? "; it looks like a torch.save file: bring it in with `harness replay --import`" : ""));
   }
-  const size_t line_end = first.find('\n');
-  if (line_end == std::string::npos)
-    throw CapsuleError(path + ": truncated or corrupt: the preamble line has no end (" + std::to_string(info.file_bytes) +
-                       " bytes)");
-  std::istringstream preamble(first.substr(std::strlen(kCapsuleMagic), line_end - std::strlen(kCapsuleMagic)));
-  int version = 0;
-  int64_t header_bytes = -1;
-  preamble >> version >> header_bytes >> info.payload_offset;
-  if (!preamble || header_bytes < 2 || info.payload_offset < static_cast<int64_t>(line_end + 1) + header_bytes)
-    throw CapsuleError(path + ": corrupt preamble '" + first.substr(0, line_end) + "'");
-  if (version != kCapsuleVersion)
-    throw CapsuleError(path + ": capsule format version " + std::to_string(version) + "; this harness reads version " +
-                       std::to_string(kCapsuleVersion));
-  const int64_t header_start = static_cast<int64_t>(line_end) + 1;
-  if (info.file_bytes < header_start + header_bytes)
-    throw CapsuleError(path + ": truncated: " + std::to_string(info.file_bytes) + " bytes, but the header alone ends at byte " +
-                       std::to_string(header_start + header_bytes));
-  std::string header_text(static_cast<size_t>(header_bytes), '\0');
-  if (!in.read_at(header_text.data(), header_text.size(), header_start))
-    throw CapsuleError(path + ": cannot read the header");
   info.sha256 = db::sha256_hex(header_text);
   try {
     info.header = nlohmann::json::parse(header_text);

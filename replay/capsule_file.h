@@ -1,6 +1,7 @@
 #pragma once
-// The capsule file format (replay/README.md), torch-free: a one-line preamble, a JSON header,
-// then the raw bytes of every tensor. The parent reads and verifies capsules with this (hash,
+// The capsule file format (replay/README.md), torch-free: a safetensors file whose metadata holds
+// the capsule header (version 2), or the legacy layout (version 1: a one-line preamble, a JSON
+// header, then the raw bytes of every tensor), which is still read and verified. The parent reads and verifies capsules with this (hash,
 // truncation, tensors against the spec) and compares recorded outputs; the trial child writes
 // and loads them through replay/capsule.h, which adds LibTorch on top.
 
@@ -24,12 +25,19 @@ class CapsuleError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-//! First bytes of every capsule file, followed by " <version> <header bytes> <payload offset>\n".
+//! The capsule header's "format"; also the first bytes of a legacy (version 1) capsule file,
+//! followed there by " <version> <header bytes> <payload offset>\n".
 inline constexpr const char* kCapsuleMagic = "harness-capsule";
-//! The format version this binary writes and reads.
-inline constexpr int kCapsuleVersion = 1;
-//! Tensors (and so the payload) start at multiples of this, so a reader may map them in place.
+//! The format version this binary writes (safetensors) and reads.
+inline constexpr int kCapsuleVersion = 2;
+//! The legacy layout, still read and verified.
+inline constexpr int kLegacyCapsuleVersion = 1;
+//! The payload (safetensors' data) starts at a multiple of this.
 inline constexpr int64_t kCapsuleAlignment = 64;
+//! safetensors' key of its string map, where the capsule header lives (as the string "capsule").
+inline constexpr const char* kSafetensorsMetadataKey = "__metadata__";
+//! safetensors' own limit on its JSON header (100 MB).
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 //! File name extension of a step's inputs and of a trial's outputs.
 inline constexpr const char* kStepExtension = ".capsule";
 inline constexpr const char* kOutputsExtension = ".outputs";
@@ -49,7 +57,8 @@ struct CapsuleInfo {
   std::string path;
   std::string sha256;          //!< the capsule's id: sha256 of its header (which holds every tensor's sha256)
   int64_t file_bytes = 0;
-  int64_t payload_offset = 0;  //!< of the first payload byte in the file
+  int64_t payload_offset = 0;  //!< of the first payload byte in the file (safetensors: 8 + its header length)
+  int version = 0;             //!< kCapsuleVersion, or kLegacyCapsuleVersion for an old capsule
   nlohmann::json header;
   std::vector<TensorEntry> tensors;
 
@@ -71,6 +80,13 @@ CapsuleInfo inspect_capsule(const std::string& path, bool verify_payload,
                             const std::optional<std::string>& expected_sha256 = std::nullopt,
                             const std::string& expected_from = "");
 
+//! Whether the file starts like a safetensors file (8-byte length, then '{').
+bool is_safetensors_file(const std::string& path);
+//! Any safetensors file (one written from Python, not only a capsule): its tensors (sha256
+//! empty; offsets from the data's start) and, as `header`, its __metadata__ strings. Throws
+//! CapsuleError naming the file and what is wrong.
+CapsuleInfo read_safetensors(const std::string& path);
+
 //! One tensor to write: what its header entry says, and where its bytes are (C order).
 struct TensorData {
   std::string name;
@@ -89,7 +105,8 @@ struct WrittenCapsule {
 };
 
 //! Writes `header` (any JSON object; "format", "version", "tensors" and "payload_bytes" are
-//! filled in) and the tensors as `<dir>/<sha256><extension>`, through a temporary file and
+//! filled in) and the tensors as a safetensors file `<dir>/<sha256><extension>` (the header in
+//! its __metadata__ "capsule"), through a temporary file and
 //! link(), so a reader never sees a partial capsule and two writers of the same content agree.
 //! Creates `dir`. Throws CapsuleError when it cannot write.
 WrittenCapsule write_capsule_file(const std::string& dir, nlohmann::json header, const std::vector<TensorData>& tensors,

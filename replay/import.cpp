@@ -48,36 +48,47 @@ int64_t meta_int(const nlohmann::json& dims, const char* key, int64_t fallback, 
 
 ImportedStep import_step_file(const std::string& step_path, const std::string& dir) {
   const std::string& where = step_path;
-  c10::IValue value;
-  try {
-    value = torch::jit::pickle_load(read_bytes(step_path));
-  } catch (const CapsuleError&) {
-    throw;
-  } catch (const c10::Error& error) {
-    throw CapsuleError(where + ": cannot read it as a torch.save file (" + first_line(error.what_without_backtrace()) +
-                       "); write it with replay/save_step.py");
-  } catch (const std::exception& error) {
-    throw CapsuleError(where + ": cannot read it as a torch.save file (" + first_line(error.what()) + ")");
-  }
-  if (!value.isGenericDict())
-    throw CapsuleError(where + ": holds a " + std::string(value.tagKind()) +
-                       ", not a dict of named tensors with a 'meta' string");
-
   std::map<std::string, at::Tensor> tensors;
   std::optional<std::string> meta_text;
-  for (const auto& item : value.toGenericDict()) {
-    if (!item.key().isString()) throw CapsuleError(where + ": a key of the dict is not a string");
-    const std::string key = item.key().toStringRef();
-    if (key == "meta") {
-      if (!item.value().isString()) throw CapsuleError(where + ": 'meta' must be a JSON string (json.dumps(...))");
-      meta_text = item.value().toStringRef();
-    } else if (item.value().isTensor()) {
-      tensors[key] = item.value().toTensor().detach().to(at::kCPU).contiguous();
-    } else {
-      throw CapsuleError(where + ": entry '" + key + "' is a " + std::string(item.value().tagKind()) + ", not a tensor");
+  if (is_safetensors_file(step_path)) {
+    // safetensors.torch.save_file(tensors, path, metadata={"meta": json.dumps(meta)})
+    const CapsuleInfo file = read_safetensors(step_path);
+    if (file.header.contains("capsule"))
+      throw CapsuleError(where + ": is a harness capsule, not a step saved from Python: replay it with `harness replay` "
+                         "from its run, or use it as --replay-capsule");
+    for (const TensorEntry& entry : file.tensors) tensors[entry.name] = load_tensor(file, entry);
+    if (file.header.contains("meta")) meta_text = file.header["meta"].get<std::string>();
+  } else {
+    c10::IValue value;
+    try {
+      value = torch::jit::pickle_load(read_bytes(step_path));
+    } catch (const CapsuleError&) {
+      throw;
+    } catch (const c10::Error& error) {
+      throw CapsuleError(where + ": cannot read it as a torch.save or safetensors file (" +
+                         first_line(error.what_without_backtrace()) + "); write it with replay/save_step.py");
+    } catch (const std::exception& error) {
+      throw CapsuleError(where + ": cannot read it as a torch.save or safetensors file (" + first_line(error.what()) + ")");
+    }
+    if (!value.isGenericDict())
+      throw CapsuleError(where + ": holds a " + std::string(value.tagKind()) +
+                         ", not a dict of named tensors with a 'meta' string");
+    for (const auto& item : value.toGenericDict()) {
+      if (!item.key().isString()) throw CapsuleError(where + ": a key of the dict is not a string");
+      const std::string key = item.key().toStringRef();
+      if (key == "meta") {
+        if (!item.value().isString()) throw CapsuleError(where + ": 'meta' must be a JSON string (json.dumps(...))");
+        meta_text = item.value().toStringRef();
+      } else if (item.value().isTensor()) {
+        tensors[key] = item.value().toTensor().detach().to(at::kCPU).contiguous();
+      } else {
+        throw CapsuleError(where + ": entry '" + key + "' is a " + std::string(item.value().tagKind()) + ", not a tensor");
+      }
     }
   }
-  if (!meta_text) throw CapsuleError(where + ": no 'meta' entry (a JSON string with dims and mask; replay/README.md)");
+  if (!meta_text)
+    throw CapsuleError(where + ": no 'meta' entry (a JSON string with dims and mask; in a safetensors file, "
+                       "metadata={\"meta\": json.dumps(meta)}; replay/README.md)");
   ImportedStep imported;
   imported.meta = nlohmann::json::parse(*meta_text, nullptr, false);
   if (imported.meta.is_discarded() || !imported.meta.is_object())

@@ -103,13 +103,17 @@ TEST_CASE("a capsule round-trips every tensor bit for bit", "[replay]") {
   CHECK(written.created);
   CHECK(fs::path(written.path).filename() == written.sha256 + ".capsule");
   CHECK(static_cast<int64_t>(fs::file_size(written.path)) == written.bytes);
+  CHECK(replay::is_safetensors_file(written.path));
 
   const auto info = replay::inspect_capsule(written.path, /*verify_payload=*/true, written.sha256, "the test");
   REQUIRE(info.tensors.size() == tensors.size());
+  CHECK(info.version == replay::kCapsuleVersion);
+  CHECK(info.payload_offset % replay::kCapsuleAlignment == 0);
   for (const auto& [name, tensor] : tensors) {
     const auto* entry = info.find(name);
     REQUIRE(entry != nullptr);
-    CHECK(entry->offset % replay::kCapsuleAlignment == 0);
+    // safetensors: back to back from a 64-byte aligned start, each at a multiple of its element size.
+    CHECK((info.payload_offset + entry->offset) % *replay::dtype_bytes(entry->dtype) == 0);
     const at::Tensor loaded = replay::load_tensor(info, *entry);
     CHECK(loaded.scalar_type() == tensor.scalar_type());
     CHECK(loaded.sizes() == tensor.sizes());
@@ -147,9 +151,11 @@ TEST_CASE("a damaged capsule is an error naming the problem, never a crash", "[r
   SECTION("a changed header") {
     std::ifstream in(written.path, std::ios::binary);
     std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const auto at = file.find("\"role\":\"test\"");
+    // The capsule header is a JSON string inside safetensors' header: its quotes are escaped.
+    const std::string role = "role\\\":\\\"test";
+    const auto at = file.find(role);
     REQUIRE(at != std::string::npos);
-    file.replace(at, 13, "\"role\":\"tost\"");
+    file.replace(at + role.size() - 4, 4, "tost");
     std::ofstream(written.path, std::ios::binary | std::ios::trunc) << file;
     const std::string error = error_of([&] { replay::inspect_capsule(written.path, false); });
     CHECK(error.find("hash mismatch") != std::string::npos);
@@ -329,4 +335,44 @@ TEST_CASE("a step saved with torch.save imports as a capsule and replays", "[rep
     CHECK(error_of([&] { replay::import_step_file(dir.file("d.pt"), dir.path); }).find("torch.save") !=
           std::string::npos);
   }
+}
+
+// A capsule written by the version 1 writer (before capsules became safetensors files), kept under
+// tests/data/capsule_v1 (the step of tests/cli/replay_small.json's dims, seeded random inputs): it
+// still verifies, loads and replays, and replays bit for bit like the same step re-written now.
+TEST_CASE("a version 1 capsule still verifies and replays", "[replay][migration]") {
+  const fs::path folder = fs::path(HARNESS_TEST_DATA_DIR) / "data" / "capsule_v1";
+  std::string step_path;
+  for (const auto& entry : fs::directory_iterator(folder))
+    if (entry.path().extension() == replay::kStepExtension) step_path = entry.path().string();
+  REQUIRE_FALSE(step_path.empty());
+  const auto info = replay::inspect_capsule(step_path, /*verify_payload=*/true, fs::path(step_path).stem().string(), "the test");
+  CHECK(info.version == replay::kLegacyCapsuleVersion);
+  CHECK_FALSE(replay::is_safetensors_file(step_path));
+  const spec::Spec step_spec = spec::parse_spec(info.header["spec"], step_path, true);
+  const replay::StepTensors step = replay::load_step(info, step_spec);
+
+  // The same step written in today's format.
+  TempDir dir;
+  nlohmann::json header = info.header;
+  header.erase("tensors");
+  header.erase("payload_bytes");
+  const auto rewritten = replay::write_capsule(dir.file("v2"), header, replay::step_tensors(step), replay::kStepExtension);
+  const auto info_v2 = replay::inspect_capsule(rewritten.path, true, rewritten.sha256, "the test");
+  CHECK(info_v2.version == replay::kCapsuleVersion);
+
+  std::vector<replay::CapsuleInfo> outputs;
+  for (const std::string& capsule : {step_path, rewritten.path}) {
+    auto context = context_for("fused", dir);
+    context.keep_capsules = true;
+    context.replay_capsule = capsule;
+    const auto replayed = kinds::run_attention_step(step_spec, context);
+    REQUIRE(replayed.status == "ok");
+    const auto* written = artifact(replayed, "outputs");
+    REQUIRE(written != nullptr);
+    outputs.push_back(replay::inspect_capsule(written->path, true));
+  }
+  const auto comparisons = replay::compare_outputs(outputs[0], outputs[1]);
+  REQUIRE(comparisons.size() == 8);  // out, dq, dk, dv of 2 layers
+  for (const auto& c : comparisons) CHECK(c.bitwise_equal);
 }

@@ -357,3 +357,57 @@ TEST_CASE("write the demo db to $HARNESS_DEMO_DB", "[.][demo_db]") {
   harness::db::Store store(path);
   CHECK(store.list_runs().size() == 5);
 }
+
+// --- Issue 19: an allocator snapshot kept with a trial is rendered by the writeup ----------------
+TEST_CASE("writeup of a run with an allocator snapshot: its OOM state, named by the memory model", "[writeup][snapshot]") {
+  harness::test::ScratchDir dir;
+  const std::string db_path = dir.file("harness.db");
+  harness::db::Store store(db_path);
+  std::ifstream spec_file(std::string(HARNESS_TEST_DATA_DIR) + "/cli/replay_small.json");
+  const json spec = json::parse(spec_file);
+  harness::test::RunData run;
+  run.env_id = store.put_env(harness::test::fingerprint("2.11.0", "13.0"));
+  run.experiment_id = store.put_experiment("replay_small", spec);
+  harness::test::TrialData dense{"dense"};
+  dense.status = "oom";
+  dense.requested_bytes = 24576;
+  const int64_t run_id = harness::test::record_run(store, run, {dense});
+  const auto trials = store.get_run(run_id)->trials;
+  REQUIRE(trials.size() == 1);
+  std::filesystem::create_directories(dir.file("artifacts"));
+  std::filesystem::copy_file(std::string(HARNESS_TEST_DATA_DIR) + "/data/snapshot_synthetic_p2.pickle",
+                             dir.file("artifacts/synthetic.snapshot.pickle"));
+  harness::db::Artifact artifact;
+  artifact.run_id = run_id;
+  artifact.trial_id = trials[0].id;
+  artifact.kind = "memory_snapshot";
+  artifact.sha256 = "synthetic";
+  artifact.path = "artifacts/synthetic.snapshot.pickle";
+  artifact.bytes = static_cast<int64_t>(std::filesystem::file_size(dir.file(artifact.path)));
+  store.add_artifact(artifact);
+
+  const auto detail = harness::analysis::resolve_writeup_target(store, std::to_string(run_id));
+  const auto writeup = harness::analysis::build_writeup(store, detail, db_path);
+  const std::string md = harness::analysis::render_markdown(writeup.document, "report-");
+  INFO(md.substr(md.find("## Allocator snapshots") == std::string::npos ? 0 : md.find("## Allocator snapshots"), 1200));
+  CHECK(has(md, "## Allocator snapshots"));
+  CHECK(has(md, "8 allocator events"));
+  // Tiny dims: many of the model's tensors are 24 KiB; the first three are named, the rest counted.
+  CHECK(has(md, "the OOM asked for 24.0 KiB (k expanded = v expanded = scores (+10 more))"));
+  CHECK(has(md, "_memory_viz trace_plot"));
+  const auto* peak = figure_named(writeup, "snapshot-1-peak");
+  REQUIRE(peak);
+  CHECK(xml_problem(peak->svg) == "");
+  CHECK(has(peak->svg, "scores"));
+  CHECK(has(peak->svg, "requested, failed"));
+  const auto* timeline = figure_named(writeup, "snapshot-1-timeline");
+  REQUIRE(timeline);
+  CHECK(xml_problem(timeline->svg) == "");
+
+  // A snapshot that is not one is said so, and the rest of the writeup stands.
+  std::ofstream(dir.file(artifact.path), std::ios::trunc) << "not a pickle";
+  const auto broken = harness::analysis::build_writeup(store, detail, db_path);
+  const std::string broken_md = harness::analysis::render_markdown(broken.document, "report-");
+  CHECK(has(broken_md, "cannot be read"));
+  CHECK(has(broken_md, "## Failures and replays"));
+}

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "trials/memory.h"
+#include "trials/step_evidence.h"
 #include "core/files.h"
 #include "core/oom_message.h"
 #include "kernels/attention.h"
@@ -196,7 +197,18 @@ struct StepRecord {
   std::optional<replay::WrittenCapsule> capsule;
   std::string capsule_error;       // why no capsule could be written (the step runs anyway)
   replay::NamedTensors outputs;    // CPU copies of the last iteration's outputs and gradients
+  std::vector<ArtifactRef> evidence;  // allocator snapshot, profiler trace (step_evidence.h)
+  nlohmann::json evidence_errors = nlohmann::json::object();  // why one could not be stored
 };
+
+// Saves the allocator snapshot into the record (an OOM's or the measured step's).
+void keep_snapshot(const AllocatorHistory& history, const TrialContext& context, StepRecord& record) {
+  try {
+    if (const auto snapshot = history.save(context.artifact_dir)) record.evidence.push_back(*snapshot);
+  } catch (const std::exception& error) {
+    record.evidence_errors["memory_snapshot"] = error.what();
+  }
+}
 
 // Writes the capsule of the step's inputs before the step runs, and names it in the marker beside
 // the result file, so that the parent finds it even when the step kills the process.
@@ -306,63 +318,104 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
 
   LayerOutputs layer0;
   PhaseTimer timer(device);
+  // On a GPU the allocator's history is always recorded, so that a trial ending in an OOM keeps
+  // the snapshot of how it got there; --memory-snapshot keeps the measured step's (the first
+  // measured iteration) and --trace profiles that step.
+  AllocatorHistory history(device);
+  StepProfiler profiler(device);
+  std::vector<kernels::DispatchRecord> fwd_records, bwd_records;  // of the previous iteration: range labels
   for (int iteration = 0; iteration < spec.warmup + spec.repeats; ++iteration) {
     const bool measured = iteration >= spec.warmup;
     const bool last = iteration + 1 == spec.warmup + spec.repeats;
     const int repeat = iteration - spec.warmup;
-    std::vector<at::Tensor> qs, ks, vs, outs, grads;
-    for (const auto& in : inputs) {
-      qs.push_back(in.q.detach().requires_grad_(true));
-      ks.push_back(in.k.detach().requires_grad_(true));
-      vs.push_back(in.v.detach().requires_grad_(true));
-      grads.push_back(in.grad_out);
-    }
-    synchronize(device);
-    meter.reset_peak();
-    const int64_t before_fwd = meter.current();
-    timer.start();
-    for (size_t layer = 0; layer < inputs.size(); ++layer)
-      outs.push_back(kernels::attention(qs[layer], ks[layer], vs[layer], *mask, options));
-    const double fwd_ms = timer.stop();
-    const int64_t fwd_peak = meter.peak() - before_fwd;
+    const bool evidence_step = iteration == spec.warmup && !context.artifact_dir.empty();
+    if (evidence_step && context.memory_snapshot) history.restart();
+    if (evidence_step && context.trace) profiler.start();
     try {
-      for (size_t layer = 0; layer < outs.size(); ++layer)
-        check_finite(outs[layer], "out", "fwd", static_cast<int64_t>(layer), iteration);
-    } catch (const NonfiniteError&) {
-      keep_outputs(record, outs, qs, ks, vs);
-      throw;
-    }
-
-    synchronize(device);
-    meter.reset_peak();
-    const int64_t before_bwd = meter.current();
-    timer.start();
-    torch::autograd::backward(outs, grads);
-    const double bwd_ms = timer.stop();
-    const int64_t bwd_peak = meter.peak() - before_bwd;
-    try {
-      for (size_t layer = 0; layer < outs.size(); ++layer) {
-        const auto index = static_cast<int64_t>(layer);
-        check_finite(qs[layer].grad(), "dq", "bwd", index, iteration);
-        check_finite(ks[layer].grad(), "dk", "bwd", index, iteration);
-        check_finite(vs[layer].grad(), "dv", "bwd", index, iteration);
+      std::vector<at::Tensor> qs, ks, vs, outs, grads;
+      for (const auto& in : inputs) {
+        qs.push_back(in.q.detach().requires_grad_(true));
+        ks.push_back(in.k.detach().requires_grad_(true));
+        vs.push_back(in.v.detach().requires_grad_(true));
+        grads.push_back(in.grad_out);
       }
-    } catch (const NonfiniteError&) {
-      keep_outputs(record, outs, qs, ks, vs);
-      throw;
-    }
+      synchronize(device);
+      meter.reset_peak();
+      const int64_t before_fwd = meter.current();
+      timer.start();
+      const size_t fwd_first_record = trace.records().size();
+      for (size_t layer = 0; layer < inputs.size(); ++layer) {
+        const PhaseRange range(phase_label("fwd layer " + std::to_string(layer), fwd_records));
+        outs.push_back(kernels::attention(qs[layer], ks[layer], vs[layer], *mask, options));
+      }
+      const double fwd_ms = timer.stop();
+      const int64_t fwd_peak = meter.peak() - before_fwd;
+      try {
+        for (size_t layer = 0; layer < outs.size(); ++layer)
+          check_finite(outs[layer], "out", "fwd", static_cast<int64_t>(layer), iteration);
+      } catch (const NonfiniteError&) {
+        keep_outputs(record, outs, qs, ks, vs);
+        throw;
+      }
 
-    if (measured) {
-      result.metrics.push_back({"fwd_peak_bytes", static_cast<double>(fwd_peak), "bytes", repeat});
-      result.metrics.push_back({"bwd_peak_bytes", static_cast<double>(bwd_peak), "bytes", repeat});
-      result.metrics.push_back({"fwd_ms", fwd_ms, "ms", repeat});
-      result.metrics.push_back({"bwd_ms", bwd_ms, "ms", repeat});
-    }
-    if (last) {
-      layer0 = {outs[0].detach(), qs[0].grad(), ks[0].grad(), vs[0].grad()};
-      keep_outputs(record, outs, qs, ks, vs);
+      synchronize(device);
+      meter.reset_peak();
+      const int64_t before_bwd = meter.current();
+      timer.start();
+      const size_t bwd_first_record = trace.records().size();
+      {
+        const PhaseRange range(phase_label("bwd", bwd_records));
+        torch::autograd::backward(outs, grads);
+      }
+      const double bwd_ms = timer.stop();
+      {
+        const auto records = trace.records();
+        fwd_records.assign(records.begin() + static_cast<std::ptrdiff_t>(fwd_first_record),
+                           records.begin() + static_cast<std::ptrdiff_t>(bwd_first_record));
+        bwd_records.assign(records.begin() + static_cast<std::ptrdiff_t>(bwd_first_record), records.end());
+      }
+      const int64_t bwd_peak = meter.peak() - before_bwd;
+      try {
+        for (size_t layer = 0; layer < outs.size(); ++layer) {
+          const auto index = static_cast<int64_t>(layer);
+          check_finite(qs[layer].grad(), "dq", "bwd", index, iteration);
+          check_finite(ks[layer].grad(), "dk", "bwd", index, iteration);
+          check_finite(vs[layer].grad(), "dv", "bwd", index, iteration);
+        }
+      } catch (const NonfiniteError&) {
+        keep_outputs(record, outs, qs, ks, vs);
+        throw;
+      }
+
+      if (measured) {
+        result.metrics.push_back({"fwd_peak_bytes", static_cast<double>(fwd_peak), "bytes", repeat});
+        result.metrics.push_back({"bwd_peak_bytes", static_cast<double>(bwd_peak), "bytes", repeat});
+        result.metrics.push_back({"fwd_ms", fwd_ms, "ms", repeat});
+        result.metrics.push_back({"bwd_ms", bwd_ms, "ms", repeat});
+      }
+      if (last) {
+        layer0 = {outs[0].detach(), qs[0].grad(), ks[0].grad(), vs[0].grad()};
+        keep_outputs(record, outs, qs, ks, vs);
+      }
+      if (evidence_step && context.trace) {
+        try {
+          record.evidence.push_back(profiler.stop_and_save(context.artifact_dir));
+        } catch (const std::exception& error) {
+          record.evidence_errors["trace"] = error.what();
+        }
+      }
+      if (evidence_step && context.memory_snapshot) {
+        keep_snapshot(history, context, record);
+        history.stop();
+      }
+    } catch (const c10::OutOfMemoryError&) {
+      if (device.is_cuda() && !context.artifact_dir.empty()) keep_snapshot(history, context, record);
+      throw;
     }
   }
+  history.stop();
+  if (context.memory_snapshot && !device.is_cuda())
+    record.evidence_errors["memory_snapshot"] = "allocator snapshots are recorded on CUDA devices only";
   // The reference check is the harness's, not the experiment's: it runs without the cap.
   if (context.memory_limit_bytes > 0) set_memory_limit(device, 0);
   if (spec.check) check_against_reference(spec, variant.impl, inputs[0], layer0, *mask, scale, result.metrics);
@@ -445,6 +498,8 @@ TrialResult run_attention_step(const spec::Spec& spec, const TrialContext& conte
   }
   result.dispatch = trace.records();
   finish_capsule(result, record, context);
+  result.artifacts.insert(result.artifacts.end(), record.evidence.begin(), record.evidence.end());
+  if (!record.evidence_errors.empty()) result.details["evidence_errors"] = record.evidence_errors;
   return result;
 }
 

@@ -54,6 +54,8 @@ struct TrialContext {
   std::string result_path;             //!< the result file the parent reads
   std::string spec_dir;                //!< folder of the spec file (relative paths in params resolve here)
   std::string replay_capsule;          //!< replay: run the step recorded in this capsule instead of fresh inputs
+  bool memory_snapshot = false;        //!< keep the CUDA allocator snapshot of the measured step (an OOM's is kept always)
+  bool trace = false;                  //!< run the measured step under the Kineto profiler, keep its Chrome trace
 };
 
 nlohmann::json to_json(const TrialResult& result);

@@ -70,7 +70,13 @@ def save_step(path, q, k, v, grad_out, *, mask, block_size=16, anchors=None, doc
         entries["anchors"] = torch.as_tensor(anchors).detach().cpu().long()
     if doc_id is not None:
         entries["doc_id"] = torch.as_tensor(doc_id).detach().cpu().int()
-    entries["meta"] = json.dumps({"name": name, "dims": {"block_size": block_size, **dims}, "mask": mask})
+    meta = json.dumps({"name": name, "dims": {"block_size": block_size, **dims}, "mask": mask})
+    if str(path).endswith(".safetensors"):
+        # The same tensors as a safetensors file, "meta" in its metadata (replay/README.md).
+        from safetensors.torch import save_file
+        save_file({key: value.contiguous() for key, value in entries.items()}, str(path), metadata={"meta": meta})
+        return
+    entries["meta"] = meta
     torch.save(entries, path, _use_new_zipfile_serialization=True)
 
 
