@@ -21,7 +21,7 @@ struct Migration {
 
 // JSON columns are TEXT holding canonical_json(); timestamps are ISO 8601 UTC text, which
 // sorts chronologically.
-constexpr std::array<Migration, 3> kMigrations = {{
+constexpr std::array<Migration, 4> kMigrations = {{
     {1, "initial layout", R"sql(
 CREATE TABLE envs (
   id         TEXT PRIMARY KEY,  -- sha256 of the canonical env JSON
@@ -96,6 +96,12 @@ CREATE INDEX artifacts_by_run ON artifacts(run_id);
 )sql"},
     {3, "trial details (kind-specific evidence)", R"sql(
 ALTER TABLE trials ADD COLUMN details TEXT NOT NULL DEFAULT '{}';
+)sql"},
+    {4, "run owner (host, pid, process start) to find abandoned runs", R"sql(
+ALTER TABLE runs ADD COLUMN owner_host TEXT NOT NULL DEFAULT '';
+ALTER TABLE runs ADD COLUMN owner_pid INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN owner_start TEXT NOT NULL DEFAULT '';
+CREATE INDEX runs_by_status ON runs(status);
 )sql"},
 }};
 

@@ -22,6 +22,7 @@ Action add_diff_command(CLI::App& app, GlobalOptions& options);
 Action add_writeup_command(CLI::App& app, GlobalOptions& options);
 Action add_explain_command(CLI::App& app, GlobalOptions& options);
 Action add_replay_command(CLI::App& app, GlobalOptions& options);
+Action add_db_command(CLI::App& app, GlobalOptions& options);
 //! Hidden: `__trial` (one trial inside the child) and `__env` (fingerprint of a device, in a child).
 Action add_trial_command(CLI::App& app, GlobalOptions& options);
 Action add_env_child_command(CLI::App& app, GlobalOptions& options);

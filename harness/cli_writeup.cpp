@@ -29,7 +29,8 @@ int run_writeup(const WriteupArgs& args, const GlobalOptions& options) {
     if (!parent.empty() && !fs::is_directory(parent))
       throw UsageError(fmt::format("-o {}: folder {} does not exist", args.output, parent.string()));
   }
-  db::Store store(options.db_path);
+  db::Store store(options.db_path, db::Access::read);
+  store.settle_abandoned_runs();
   const auto detail = analysis::resolve_writeup_target(store, args.target);
   const auto writeup = analysis::build_writeup(store, detail, options.db_path);
 

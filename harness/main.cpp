@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 
@@ -20,6 +21,23 @@ void add_global_options(CLI::App& command, GlobalOptions& options) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
   command.add_option("--experiments-dir", options.experiments_dirs, "Extra directory searched for specs");
 }
+
+namespace {
+
+// Every error leaves the same way: text on stderr and, under --json, also an object on stdout
+// ({"error": ..., "exit_code": ...} plus `extra`), so a script reading stdout sees why, not nothing.
+int report_error(const GlobalOptions& options, int exit_code, const std::string& message,
+                 const nlohmann::json& extra = nlohmann::json::object()) {
+  std::cerr << "error: " << message << '\n';
+  if (options.json) {
+    nlohmann::json error = {{"error", message}, {"exit_code", exit_code}};
+    error.update(extra);
+    std::cout << error.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+  }
+  return exit_code;
+}
+
+}  // namespace
 
 }  // namespace harness
 
@@ -48,6 +66,7 @@ int main(int argc, char** argv) {
   add(add_writeup_command);
   add(add_explain_command);
   add(add_replay_command);
+  add(add_db_command);
   add(add_trial_command);
   add(add_env_child_command);
 
@@ -60,6 +79,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    // --json may not have been parsed yet when the error came: look for it among the arguments.
+    for (int i = 1; i < argc; ++i) options.json = options.json || std::string(argv[i]) == "--json";
+    if (options.json) return report_error(options, kExitUsage, e.what());
     app.exit(e);
     return kExitUsage;
   }
@@ -74,19 +96,26 @@ int main(int argc, char** argv) {
     try {
       return action();
     } catch (const spec::SpecError& e) {
-      std::cerr << "error: invalid experiment spec (" << e.issues().size() << " problem"
-                << (e.issues().size() == 1 ? "" : "s") << ", nothing was run or written):\n";
-      for (const auto& issue : e.issues()) std::cerr << "  " << issue.to_string() << '\n';
-      return kExitUsage;
+      const auto& issues = e.issues();
+      const size_t shown = std::min(issues.size(), spec::kMaxIssuesShown);
+      std::string text = "invalid experiment spec (" + std::to_string(issues.size()) + " problem" +
+                         (issues.size() == 1 ? "" : "s") + ", nothing was run or written):";
+      nlohmann::json problems = nlohmann::json::array();
+      for (size_t i = 0; i < shown; ++i) {
+        text += "\n  " + issues[i].to_string();
+        problems.push_back({{"source", issues[i].source}, {"path", issues[i].path}, {"message", issues[i].message}});
+      }
+      if (shown < issues.size()) text += "\n  ... and " + std::to_string(issues.size() - shown) + " more problems";
+      return report_error(options, kExitUsage, text,
+                          {{"problems", problems}, {"problem_count", issues.size()}});
     } catch (const UsageError& e) {
-      std::cerr << "error: " << e.what() << '\n';
-      return kExitUsage;
+      return report_error(options, kExitUsage, e.what());
+    } catch (const db::DbMissingError& e) {
+      return report_error(options, kExitUsage, e.what());
     } catch (const db::DbError& e) {
-      std::cerr << "error: database: " << e.what() << '\n';
-      return kExitInfra;
+      return report_error(options, kExitInfra, std::string("database: ") + e.what());
     } catch (const std::exception& e) {
-      std::cerr << "error: " << e.what() << '\n';
-      return kExitInfra;
+      return report_error(options, kExitInfra, e.what());
     }
   }
   return kExitUsage;

@@ -8,3 +8,7 @@ build_dir=${BUILD_DIR:-$root/build}
 cd "$build_dir"
 ctest --output-on-failure "$@"
 "$root/scripts/tsan.sh"  # ThreadSanitizer over the autotuner and the race experiment (torch-free build-tsan/)
+# AddressSanitizer + UBSan over the torch-free tests, then each fuzz target for FUZZ_SECONDS (60):
+# one clang build (build-sanitize/) serves both (docs/RELIABILITY.md has their figures).
+"$root/scripts/asan.sh"
+"$root/scripts/fuzz.sh"

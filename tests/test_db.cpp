@@ -151,7 +151,7 @@ TEST_CASE("a new db is at the current schema version, in WAL mode", "[db]") {
   const std::string path = dir.file("harness.db");
   Store store(path);
   CHECK(store.schema_version() == harness::db::current_schema_version());
-  CHECK(harness::db::current_schema_version() == 3);
+  CHECK(harness::db::current_schema_version() >= 3);
   CHECK(store.path() == path);
   RawDb raw(path);
   CHECK(raw.integer("SELECT count(*) FROM pragma_journal_mode WHERE journal_mode = 'wal'") == 1);
@@ -474,7 +474,7 @@ TEST_CASE("a version 1 db is migrated to the current version and keeps its rows"
   }
 
   Store store(path);
-  CHECK(store.schema_version() == 3);
+  CHECK(store.schema_version() == harness::db::current_schema_version());
 
   const auto old = store.get_run(3);
   REQUIRE(old.has_value());
@@ -522,7 +522,7 @@ TEST_CASE("a version 1 db is migrated to the current version and keeps its rows"
 
   // Opening an up-to-date db again changes nothing.
   Store again(path);
-  CHECK(again.schema_version() == 3);
+  CHECK(again.schema_version() == harness::db::current_schema_version());
   CHECK(again.list_runs().size() == 2);
 }
 
@@ -530,7 +530,9 @@ TEST_CASE("create_schema_at_version rejects versions this binary does not know",
   TempDir dir;
   const std::string path = dir.file("harness.db");
   CHECK(contains(db_error_of([&] { harness::db::create_schema_at_version(path, 0); }), "no schema version 0"));
-  CHECK(contains(db_error_of([&] { harness::db::create_schema_at_version(path, 4); }), "no schema version 4"));
+  const int unknown = harness::db::current_schema_version() + 1;
+  CHECK(contains(db_error_of([&] { harness::db::create_schema_at_version(path, unknown); }),
+                 "no schema version " + std::to_string(unknown)));
 }
 
 TEST_CASE("a db newer than this binary is refused, naming both versions", "[db]") {
