@@ -13,11 +13,11 @@ trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 HARNESS_ALLOW_FAULTS=1 "$harness" run "$root/tests/cli/faults.json" --device cuda:0 --db "$work/h.db" \
-  --set 'variants={"hang":{"impl":"fused","fault":"hang"}}' --set timeout_s=600 >"$work/out" 2>"$work/err" &
+  --set 'variants={"fused":{"impl":"fused"},"hang":{"impl":"fused","fault":"hang"}}' --set timeout_s=600 >"$work/out" 2>"$work/err" &
 parent=$!
 child=""
 for _ in $(seq 600); do  # up to 60 s for the child to start and allocate
-  child=$(pgrep -P "$parent" -f __trial || true)
+  child=$(pgrep -P "$parent" -f "__trial.*--variant hang" || true)
   if [[ -n "$child" ]] && nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -qw "$child"; then break; fi
   sleep 0.1
 done

@@ -283,7 +283,7 @@ TEST_CASE("SIGPIPE (output cut off): run interrupted and stored, not left runnin
   int fds[2];
   REQUIRE(pipe(fds) == 0);
   const pid_t parent = box.start(
-      run_args(R"({"a":{"impl":"fused"},"b":{"impl":"fused"},"c":{"impl":"fused"},"d":{"impl":"fused"}})"), fds[1]);
+      run_args(R"({"fused":{"impl":"fused"},"b":{"impl":"fused"},"c":{"impl":"fused"},"d":{"impl":"fused"}})"), fds[1]);
   close(fds[1]);
   // Like `harness run ... 2>&1 | head -1`: read one line, then close the reading end.
   std::string first;
@@ -303,7 +303,7 @@ TEST_CASE("SIGPIPE (output cut off): run interrupted and stored, not left runnin
 TEST_CASE("the trial child enforces its own deadline when the parent cannot", "[faults]") {
   Sandbox box;
   // The parent is stopped (SIGSTOP) while the child hangs: only the child's watchdog can end it.
-  const pid_t parent = box.start(run_args(R"({"hang":{"impl":"fused","fault":"hang"}})", {"--set", "timeout_s=3"}));
+  const pid_t parent = box.start(run_args(kOkThenHang, {"--set", "timeout_s=3"}));
   REQUIRE(eventually([&] { return !box.trial_children("hang").empty(); }));
   REQUIRE(kill(parent, SIGSTOP) == 0);
   const bool child_ended = eventually([&] { return box.trial_children("hang").empty(); });
@@ -311,7 +311,8 @@ TEST_CASE("the trial child enforces its own deadline when the parent cannot", "[
   CHECK(child_ended);
   CHECK(Sandbox::wait_for(parent) == 0);
   Db db(box.db());
-  CHECK(db.value("SELECT status FROM trials") == "timeout");
+  CHECK(db.value("SELECT status FROM trials WHERE variant = 'hang'") == "timeout");
+  CHECK(db.value("SELECT error FROM trials WHERE variant = 'hang'").find("its own deadline") != std::string::npos);
   check_integrity(box.db());
 }
 
