@@ -329,7 +329,8 @@ bool mount_small_tmpfs(const fs::path& dir, const std::string& size) {
 TEST_CASE("disk full during a run: the run is marked failed with the reason, exit 3, nothing torn", "[faults]") {
   Sandbox box;
   const fs::path full = box.dir / "full";
-  std::vector<std::string> extra = {"--keep-capsules", "--set", "dims.anchors=[2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2]"};
+  // Sixteen points (sweep values must differ), each trial keeping its capsules: ~1.3 MB in all.
+  std::vector<std::string> extra = {"--keep-capsules", "--set", "dims.anchors=[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]"};
   const bool mounted = mount_small_tmpfs(full, "600k");
   std::string db_path = (full / "test.db").string();
   if (!mounted) {
