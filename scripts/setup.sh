@@ -14,7 +14,7 @@ torch_version=2.11.0
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 debs=(build-essential cmake ninja-build git python3 python3-venv libsqlite3-dev libcli11-dev
-      libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 ccache chromium)
+      libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 ccache chromium clang-14 libclang-rt-14-dev)
 if [[ "${HARNESS_SKIP_APT:-0}" != 1 ]]; then
   missing=()
   for p in "${debs[@]}"; do
