@@ -128,7 +128,7 @@ TEST_CASE("case 6: a mistyped --db for a reading command is an error, not a new 
     const Result result = box.harness(command + " --db " + (box.dir / "typo.db").string());
     INFO(command << ": " << result.err);
     CHECK(result.exit_code == 2);
-    CHECK(result.err.find("no database") != std::string::npos);
+    CHECK((result.err.find("no database") != std::string::npos || result.err.find("no db at") != std::string::npos));
   }
   CHECK_FALSE(fs::exists(box.dir / "typo.db"));
 }
@@ -140,7 +140,7 @@ TEST_CASE("case 7: empty and overflowing sizes, huge device indexes are usage er
   CHECK(empty.err.find("--memory-limit ''") != std::string::npos);
   const Result huge = box.harness("run bwd_fusion --device cpu --memory-limit 99999999999TiB --db " + box.db());
   CHECK(huge.exit_code == 2);
-  CHECK(huge.err.find("more than any device") != std::string::npos);
+  CHECK(huge.err.find("at most 1EiB") != std::string::npos);
   const Result device = box.harness("run bwd_fusion --device cuda:99999999999999999999 --db " + box.db());
   CHECK(device.exit_code == 2);
   CHECK(device.err.find("--device") != std::string::npos);
