@@ -281,7 +281,7 @@ TEST_CASE("SIGHUP of the parent: run interrupted, child killed, scratch folder r
 TEST_CASE("SIGPIPE (output cut off): run interrupted and stored, not left running", "[faults]") {
   Sandbox box;
   int fds[2];
-  REQUIRE(pipe(fds) == 0);
+  REQUIRE(pipe2(fds, O_CLOEXEC) == 0);  // the harness must not inherit the reading end: it would never see EPIPE
   const pid_t parent = box.start(
       run_args(R"({"fused":{"impl":"fused"},"b":{"impl":"fused"},"c":{"impl":"fused"},"d":{"impl":"fused"}})"), fds[1]);
   close(fds[1]);
@@ -303,7 +303,8 @@ TEST_CASE("SIGPIPE (output cut off): run interrupted and stored, not left runnin
 TEST_CASE("the trial child enforces its own deadline when the parent cannot", "[faults]") {
   Sandbox box;
   // The parent is stopped (SIGSTOP) while the child hangs: only the child's watchdog can end it.
-  const pid_t parent = box.start(run_args(kOkThenHang, {"--set", "timeout_s=3"}));
+  // timeout_s leaves the test ample time to stop the parent before the parent's own deadline.
+  const pid_t parent = box.start(run_args(kOkThenHang, {"--set", "timeout_s=20"}));
   REQUIRE(eventually([&] { return !box.trial_children("hang").empty(); }));
   REQUIRE(kill(parent, SIGSTOP) == 0);
   const bool child_ended = eventually([&] { return box.trial_children("hang").empty(); });
