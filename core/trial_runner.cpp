@@ -32,8 +32,10 @@ void install_interrupt_handlers() {
   struct sigaction action {};
   action.sa_handler = on_interrupt;
   sigemptyset(&action.sa_mask);
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  // A closed terminal (SIGHUP) or a reader that went away (SIGPIPE: `harness run ... | head -1`)
+  // ends the run like Ctrl-C: children killed, the run stored as interrupted, temp files removed,
+  // instead of the default action killing the harness and leaving the run "running".
+  for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaction(signal, &action, nullptr);
 }
 
 bool interrupt_requested() { return g_interrupted.load(); }
@@ -85,7 +87,9 @@ ChildOutcome run_child(const ChildCommand& command, const std::function<void(con
   }
   if (pid == 0) {
     setpgid(0, 0);  // own process group: a timeout kills the child's helpers too
-    // A child of a process that can be SIGKILLed (a trial child running a script) must not outlive it.
+    // A child must not outlive its parent (kill -9 of the harness would leave it holding its GPU
+    // memory under PID 1): the kernel kills it when the parent thread ends. The getppid() check
+    // closes the race with a parent that died before prctl.
     if (command.die_with_parent && (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)) _exit(127);
     dup2(command.separate_stdout ? stdout_fds[1] : pipe_fds[1], STDOUT_FILENO);
     dup2(pipe_fds[1], STDERR_FILENO);

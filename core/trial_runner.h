@@ -18,7 +18,7 @@ struct ChildCommand {
   size_t stderr_tail_bytes = 8192;            //!< how much of the child's stderr to keep
   bool separate_stdout = false;               //!< keep stdout apart (ChildOutcome::stdout_text), not in the tail
   size_t stdout_limit_bytes = 1 << 20;        //!< with separate_stdout: how much of the end of stdout to keep
-  bool die_with_parent = false;               //!< SIGKILL the child when the thread that started it dies
+  bool die_with_parent = true;                //!< SIGKILL the child when the thread that started it dies
 };
 
 //! How it ended.
@@ -38,8 +38,8 @@ struct ChildOutcome {
 ChildOutcome run_child(const ChildCommand& command,
                        const std::function<void(const std::string&)>& on_line = {});
 
-//! Installs SIGINT/SIGTERM handlers that make a running run_child kill its child and return
-//! with interrupted = true (instead of the harness dying and leaving a half-written run).
+//! Installs SIGINT/SIGTERM/SIGHUP/SIGPIPE handlers that make a running run_child kill its child
+//! and return with interrupted = true (instead of the harness dying and leaving a half-written run).
 void install_interrupt_handlers();
 //! Whether an interrupt arrived.
 bool interrupt_requested();

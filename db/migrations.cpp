@@ -21,7 +21,7 @@ struct Migration {
 
 // JSON columns are TEXT holding canonical_json(); timestamps are ISO 8601 UTC text, which
 // sorts chronologically.
-constexpr std::array<Migration, 5> kMigrations = {{
+constexpr std::array<Migration, 6> kMigrations = {{
     {1, "initial layout", R"sql(
 CREATE TABLE envs (
   id         TEXT PRIMARY KEY,  -- sha256 of the canonical env JSON
@@ -152,6 +152,12 @@ CREATE TABLE bisect_probes (
   started_at TEXT NOT NULL
 );
 CREATE INDEX bisect_probes_by_bisect ON bisect_probes(bisect_id);
+)sql"},
+    {6, "run owner (host, pid, process start) to find abandoned runs", R"sql(
+ALTER TABLE runs ADD COLUMN owner_host TEXT NOT NULL DEFAULT '';
+ALTER TABLE runs ADD COLUMN owner_pid INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN owner_start TEXT NOT NULL DEFAULT '';
+CREATE INDEX runs_by_status ON runs(status);
 )sql"},
 }};
 

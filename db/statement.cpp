@@ -9,7 +9,8 @@
 namespace harness::db::detail {
 
 void throw_sqlite_error(sqlite3* db, const std::string& path, const std::string& operation) {
-  throw DbError(path + ": " + operation + ": " + (db ? sqlite3_errmsg(db) : "out of memory"));
+  throw DbError(path + ": " + operation + ": " + (db ? sqlite3_errmsg(db) : "out of memory"),
+                db ? sqlite3_extended_errcode(db) : SQLITE_NOMEM);
 }
 
 void exec_sql(sqlite3* db, const std::string& path, const char* sql, const std::string& operation) {

@@ -2,12 +2,17 @@
 
 #include <sqlite3.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <ctime>
 #include <memory>
 #include <thread>
 
+#include "core/process_identity.h"
 #include "db/migrations.h"
 #include "db/statement.h"
 
@@ -44,10 +49,12 @@ void enable_wal(sqlite3* db, const std::string& path) {
 }
 
 // Opens `path` with the settings every connection needs, and checks what the file is before
-// anything writes to it.
-Connection open_connection(const std::string& path, Journal journal = Journal::kWal) {
+// anything writes to it. `create`: make the file when it is missing; `journal`: WAL, or a
+// rollback journal for a Slurm shard on shared storage.
+Connection open_connection(const std::string& path, bool create = true, Journal journal = Journal::kWal) {
   sqlite3* raw = nullptr;
-  const int rc = sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
+  const int rc =
+      sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0), nullptr);
   Connection db(raw);
   if (rc != SQLITE_OK) detail::throw_sqlite_error(raw, path, "open");
   sqlite3_extended_result_codes(raw, 1);
@@ -62,6 +69,66 @@ Connection open_connection(const std::string& path, Journal journal = Journal::k
     detail::exec_sql(raw, path, "PRAGMA journal_mode = DELETE", "switch to a rollback journal");
   }
   return db;
+}
+
+// A file: URI for `path` (%, ? and # would otherwise end or escape the path).
+std::string file_uri(const std::string& path, const std::string& query) {
+  std::string uri = "file:";
+  for (char c : path) {
+    if (c == '%') uri += "%25";
+    else if (c == '?') uri += "%3f";
+    else if (c == '#') uri += "%23";
+    else uri += c;
+  }
+  return uri + "?" + query;
+}
+
+// Opens a db that cannot be written (a read-only folder or file system, a file without write
+// permission). mode=ro still needs the WAL index (-shm) beside the file; when that cannot be
+// created either, immutable=1 reads the file as it is, which is what a read-only folder holds:
+// no writer can be changing it.
+Connection open_read_only(const std::string& path) {
+  std::string last_error;
+  for (const char* query : {"mode=ro", "immutable=1"}) {
+    sqlite3* raw = nullptr;
+    const int rc = sqlite3_open_v2(file_uri(path, query).c_str(), &raw, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr);
+    Connection db(raw);
+    if (rc != SQLITE_OK) {
+      last_error = raw ? sqlite3_errmsg(raw) : "out of memory";
+      continue;
+    }
+    sqlite3_extended_result_codes(raw, 1);
+    sqlite3_busy_timeout(raw, kBusyTimeoutMs);
+    try {
+      const int version = detail::read_schema_version(raw, path);
+      detail::check_not_newer(version, path);
+      if (version < current_schema_version())
+        throw DbError(path + ": schema version " + std::to_string(version) + " is older than this binary's " +
+                      std::to_string(current_schema_version()) +
+                      " and the db cannot be written here to migrate it; open it once where it is writable");
+      return db;
+    } catch (const DbError& error) {
+      if (std::string(error.what()).find("older than this binary") != std::string::npos) throw;
+      last_error = error.what();
+    }
+  }
+  throw DbError(path + ": cannot open read-only: " + last_error);
+}
+
+// Whether `path` (an existing file) and its folder can be written: a writer needs both (the
+// WAL and its index live beside the db). access() also reports a read-only file system for root.
+bool writable(const std::string& path) {
+  std::error_code error;
+  const std::string folder = std::filesystem::absolute(path, error).parent_path().string();
+  return ::access(path.c_str(), W_OK) == 0 && ::access(folder.c_str(), W_OK) == 0;
+}
+
+// The first `limit` rows of an integrity pragma; {"ok"} when sound.
+std::vector<std::string> pragma_rows(sqlite3* db, const std::string& path, const char* sql) {
+  detail::Statement check(db, path, sql, "check integrity");
+  std::vector<std::string> rows;
+  while (check.step()) rows.push_back(check.column_text(0));
+  return rows;
 }
 
 std::optional<int64_t> widen(const std::optional<int>& value) {
@@ -85,8 +152,8 @@ nlohmann::json json_column(const Statement& row, int column, const std::string& 
 // Column list shared by list_runs and get_run; read_run below follows its order.
 constexpr const char* kRunColumns =
     "r.id, e.name, r.experiment_id, e.spec_hash, r.env_id, r.device, r.profile, r.status, r.verdict, "
-    "r.evidence, r.args, r.error, r.started_at, r.finished_at, r.replay_of";
-constexpr int kRunColumnCount = 15;
+    "r.evidence, r.args, r.error, r.started_at, r.finished_at, r.replay_of, r.owner_host, r.owner_pid, r.owner_start";
+constexpr int kRunColumnCount = 18;
 
 Run read_run(const Statement& row, const std::string& path) {
   Run run;
@@ -106,6 +173,9 @@ Run read_run(const Statement& row, const std::string& path) {
   run.started_at = row.column_text(12);
   run.finished_at = row.column_text(13);
   run.replay_of = row.column_optional_int(14);
+  run.owner_host = row.column_text(15);
+  run.owner_pid = row.column_int(16);
+  run.owner_start = row.column_text(17);
   return run;
 }
 
@@ -155,8 +225,37 @@ void create_schema_at_version(const std::string& path, int version) {
   detail::migrate(db.get(), path, version);
 }
 
-Store::Store(const std::string& path, Journal journal) : path_(path) {
-  Connection db = open_connection(path_, journal);
+Store::Store(const std::string& path, Access access, Journal journal) : path_(path) {
+  std::error_code error;
+  const bool exists = std::filesystem::exists(path_, error);
+  if (access == Access::read && !exists)
+    throw DbMissingError(path_ + ": no database there (check --db; `harness run` creates one)");
+  if (exists && std::filesystem::is_directory(path_, error))
+    throw DbError(path_ + ": is a folder, not a database file (--db names the file, e.g. " + path_ + "/harness.db)");
+  if (access == Access::read && !writable(path_)) {
+    db_ = open_read_only(path_).release();
+    read_only_ = true;
+    return;
+  }
+  if (access == Access::write && exists && !writable(path_))
+    throw DbError(path_ + ": read-only here (the file or its folder cannot be written); reading commands work, "
+                          "but this one writes: copy the db somewhere writable or use another --db",
+                  SQLITE_READONLY);
+  Connection db = open_connection(path_, access == Access::write, journal);
+  if (access == Access::write && exists) {
+    // A damaged db must not grow: what is appended to a malformed file may be lost with it.
+    std::vector<std::string> rows;
+    try {
+      rows = pragma_rows(db.get(), path_, "PRAGMA quick_check(5)");
+    } catch (const DbError& error) {
+      rows = {error.what()};  // damage bad enough that the check itself fails
+    }
+    if (rows.size() != 1 || rows.front() != "ok")
+      throw DbError(path_ + ": the database is damaged (quick_check: " + (rows.empty() ? "no answer" : rows.front()) +
+                        "); nothing was written to it. `harness db check` lists the problems; restore a copy or "
+                        "use another --db",
+                    SQLITE_CORRUPT);
+  }
   detail::migrate(db.get(), path_, current_schema_version());
   db_ = db.release();
 }
@@ -211,11 +310,15 @@ int64_t Store::begin_run(Run& run) {
   run.spec_hash = experiment.column_text(1);
   run.status = "running";
   if (run.started_at.empty()) run.started_at = now_iso8601();
+  const ProcessIdentity owner = current_process();
+  run.owner_host = owner.host;
+  run.owner_pid = owner.pid;
+  run.owner_start = owner.start;
 
   Statement insert(db_, path_,
                    "INSERT INTO runs (experiment_id, env_id, device, profile, status, verdict, evidence, args, "
-                   "error, started_at, finished_at, replay_of) "
-                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                   "error, started_at, finished_at, replay_of, owner_host, owner_pid, owner_start) "
+                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                    "insert run");
   insert.bind_int(1, run.experiment_id);
   if (run.env_id.empty()) {
@@ -232,7 +335,10 @@ int64_t Store::begin_run(Run& run) {
       .bind_text(9, run.error)
       .bind_text(10, run.started_at)
       .bind_text(11, run.finished_at)
-      .bind_optional_int(12, run.replay_of);
+      .bind_optional_int(12, run.replay_of)
+      .bind_text(13, run.owner_host)
+      .bind_int(14, run.owner_pid)
+      .bind_text(15, run.owner_start);
   insert.run();
   run.id = sqlite3_last_insert_rowid(db_);
   transaction.commit();
@@ -339,7 +445,10 @@ std::vector<Run> Store::list_runs(const RunFilter& filter) const {
   // A negative LIMIT means no limit in SQLite; limit <= 0 asks for every run.
   select.bind_int(2, filter.failed_only ? 1 : 0).bind_int(3, filter.limit > 0 ? filter.limit : -1);
   std::vector<Run> runs;
-  while (select.step()) runs.push_back(read_run(select, path_));
+  while (select.step()) {
+    runs.push_back(read_run(select, path_));
+    apply_abandoned(runs.back());
+  }
   return runs;
 }
 
@@ -356,6 +465,7 @@ std::optional<RunDetail> Store::get_run(int64_t run_id) const {
   if (!select_run.step()) return std::nullopt;
   RunDetail detail;
   detail.run = read_run(select_run, path_);
+  apply_abandoned(detail.run);
   detail.spec = json_column(select_run, kRunColumnCount, path_, operation + " spec");
   if (!select_run.is_null(kRunColumnCount + 1)) {
     detail.env = json_column(select_run, kRunColumnCount + 1, path_, operation + " env");
@@ -454,7 +564,7 @@ std::optional<Run> Store::latest_run(const std::string& experiment, const std::o
   // "Finished" excludes runs still running (or abandoned while running): their rows are partial.
   const std::string sql = std::string("SELECT ") + kRunColumns +
                           " FROM runs r JOIN experiments e ON e.id = r.experiment_id"
-                          " WHERE e.name = ?1 AND (?2 IS NULL OR r.env_id = ?2) AND r.status <> 'running'"
+                          " WHERE e.name = ?1 AND (?2 IS NULL OR r.env_id = ?2) AND r.status NOT IN ('running', 'abandoned')"
                           " AND r.replay_of IS NULL ORDER BY r.id DESC LIMIT 1";
   Statement select(db_, path_, sql.c_str(), "latest run of " + experiment);
   select.bind_text(1, experiment);
@@ -476,6 +586,124 @@ std::vector<Run> Store::list_replays(int64_t run_id) const {
   std::vector<Run> runs;
   while (select.step()) runs.push_back(read_run(select, path_));
   return runs;
+}
+
+namespace {
+
+std::string abandoned_reason(const Run& run) {
+  return "abandoned: the harness process that ran it (pid " + std::to_string(run.owner_pid) + " on " + run.owner_host +
+         ") ended without finishing it (killed, or the machine went down); trials it stored are kept";
+}
+
+}  // namespace
+
+void Store::apply_abandoned(Run& run) const {
+  if (run.status == "running" && std::find(abandoned_.begin(), abandoned_.end(), run.id) != abandoned_.end()) {
+    run.status = "abandoned";
+    run.error = abandoned_reason(run);
+  }
+}
+
+std::vector<int64_t> Store::settle_abandoned_runs() {
+  std::vector<Run> gone;
+  {
+    const std::string sql = std::string("SELECT ") + kRunColumns +
+                            " FROM runs r JOIN experiments e ON e.id = r.experiment_id WHERE r.status = 'running'";
+    Statement select(db_, path_, sql.c_str(), "find abandoned runs");
+    while (select.step()) {
+      Run run = read_run(select, path_);
+      // Runs of an older schema have no owner; they cannot be judged and are left as they are.
+      const auto alive = process_alive({run.owner_host, static_cast<long>(run.owner_pid), run.owner_start});
+      if (alive && !*alive) gone.push_back(std::move(run));
+    }
+  }
+  std::vector<int64_t> ids;
+  for (const Run& run : gone) ids.push_back(run.id);
+  if (read_only_) {
+    abandoned_ = ids;
+    return ids;
+  }
+  for (const Run& run : gone) {
+    Transaction transaction(db_, path_, Transaction::Mode::kWrite, "mark run " + std::to_string(run.id) + " abandoned");
+    // Only while still running: its owner cannot come back, but another check may have been first.
+    Statement update(db_, path_,
+                     "UPDATE runs SET status = 'abandoned', error = ?2, finished_at = ?3 WHERE id = ?1 AND "
+                     "status = 'running'",
+                     "mark run " + std::to_string(run.id) + " abandoned");
+    update.bind_int(1, run.id).bind_text(2, abandoned_reason(run)).bind_text(3, now_iso8601());
+    update.run();
+    transaction.commit();
+  }
+  return ids;
+}
+
+std::vector<Run> Store::runs_elsewhere() const {
+  const std::string sql = std::string("SELECT ") + kRunColumns +
+                          " FROM runs r JOIN experiments e ON e.id = r.experiment_id WHERE r.status = 'running'";
+  Statement select(db_, path_, sql.c_str(), "list running runs");
+  std::vector<Run> runs;
+  while (select.step()) {
+    Run run = read_run(select, path_);
+    if (!process_alive({run.owner_host, static_cast<long>(run.owner_pid), run.owner_start}).has_value() &&
+        !run.owner_host.empty())
+      runs.push_back(std::move(run));
+  }
+  return runs;
+}
+
+std::vector<std::string> Store::integrity_problems(bool quick) const {
+  std::vector<std::string> rows;
+  try {
+    rows = pragma_rows(db_, path_, quick ? "PRAGMA quick_check(100)" : "PRAGMA integrity_check(100)");
+  } catch (const DbError& error) {
+    return {error.what()};  // damage bad enough that the check itself cannot run
+  }
+  if (rows.size() == 1 && rows.front() == "ok") return {};
+  return rows;
+}
+
+std::vector<Artifact> Store::list_artifacts() const {
+  Statement select(db_, path_, "SELECT id, run_id, trial_id, kind, sha256, path, bytes FROM artifacts ORDER BY id",
+                   "list artifacts");
+  std::vector<Artifact> artifacts;
+  while (select.step()) {
+    Artifact artifact;
+    artifact.id = select.column_int(0);
+    artifact.run_id = select.column_int(1);
+    artifact.trial_id = select.column_optional_int(2);
+    artifact.kind = select.column_text(3);
+    artifact.sha256 = select.column_text(4);
+    artifact.path = select.column_text(5);
+    artifact.bytes = select.column_int(6);
+    artifacts.push_back(std::move(artifact));
+  }
+  return artifacts;
+}
+
+std::vector<Artifact> Store::prune_artifacts(const std::string& started_before, const std::vector<std::string>& kinds) {
+  Transaction transaction(db_, path_, Transaction::Mode::kWrite, "prune artifacts");
+  std::vector<Artifact> removed;
+  for (const Artifact& artifact : list_artifacts()) {
+    if (std::find(kinds.begin(), kinds.end(), artifact.kind) == kinds.end()) continue;
+    Statement run(db_, path_, "SELECT started_at, status FROM runs WHERE id = ?1", "prune artifacts");
+    run.bind_int(1, artifact.run_id);
+    if (!run.step() || run.column_text(0) >= started_before || run.column_text(1) == "running") continue;
+    Statement remove(db_, path_, "DELETE FROM artifacts WHERE id = ?1", "prune artifact " + std::to_string(artifact.id));
+    remove.bind_int(1, artifact.id);
+    remove.run();
+    removed.push_back(artifact);
+  }
+  transaction.commit();
+  return removed;
+}
+
+void Store::vacuum() {
+  detail::exec_sql(db_, path_, "VACUUM", "vacuum");
+  detail::exec_sql(db_, path_, "PRAGMA wal_checkpoint(TRUNCATE)", "vacuum");
+}
+
+void Store::limit_pages(int64_t pages) {
+  detail::exec_sql(db_, path_, ("PRAGMA max_page_count = " + std::to_string(pages)).c_str(), "limit pages");
 }
 
 }  // namespace harness::db

@@ -15,10 +15,28 @@ struct sqlite3;
 
 namespace harness::db {
 
-//! A failure of the store itself (cannot open, corrupt, schema newer than this binary).
+//! A failure of the store itself (cannot open, corrupt, disk full, schema newer than this binary).
 class DbError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  DbError(const std::string& message, int sqlite_code) : std::runtime_error(message), sqlite_code_(sqlite_code) {}
+  //! SQLite's extended result code, 0 when the failure is not SQLite's.
+  int sqlite_code() const { return sqlite_code_; }
+
+ private:
+  int sqlite_code_ = 0;
+};
+
+//! A read command was pointed at a db that does not exist (a mistyped --db): nothing is created.
+class DbMissingError : public DbError {
+ public:
+  using DbError::DbError;
+};
+
+//! How a Store opens its file.
+enum class Access {
+  write,  //!< created when missing, migrated; refused when damaged (quick_check) so nothing is appended to it
+  read,   //!< must exist; opened read-only (without migrating) when the file or its folder cannot be written
 };
 
 //! A shard that merge_shard or read_shard_runs refuses (not a valid shard, another schema version,
@@ -79,7 +97,7 @@ struct Run {
   std::string env_id;
   std::string device;       //!< "cpu", "cuda:2"
   std::string profile;      //!< "" or "cpu"
-  std::string status;       //!< running, ok, failed, interrupted
+  std::string status;       //!< running, ok, failed, interrupted, abandoned
   std::string verdict;      //!< FUSED, DENSE, INVALID, ... ("" while running)
   nlohmann::json evidence = nlohmann::json::object();  //!< why the verdict (rule, values)
   nlohmann::json args = nlohmann::json::object();      //!< command line, --set overrides
@@ -87,6 +105,9 @@ struct Run {
   std::string started_at;
   std::string finished_at;
   std::optional<int64_t> replay_of;  //!< run this one replays
+  std::string owner_host;   //!< the harness process running it: host, pid and process start
+  int64_t owner_pid = 0;    //!< (filled by begin_run; an owner that is gone leaves the run "abandoned")
+  std::string owner_start;
 };
 
 //! Everything about one run, for `show`, diff and writeup.
@@ -195,8 +216,11 @@ struct BisectProbe {
 //! Connection to one db file. Not shared between threads; open one per thread/process.
 class Store {
  public:
-  //! Opens (creating if needed) and migrates the db at `path`. Throws DbError.
-  explicit Store(const std::string& path, Journal journal = Journal::kWal);
+  //! Opens the db at `path` as `access` says (write: creating it if needed; read: DbMissingError
+  //! when it does not exist) and migrates it, journaling as `journal` says. Throws DbError.
+  explicit Store(const std::string& path, Access access = Access::write, Journal journal = Journal::kWal);
+  //! A writer with that journal (a Slurm task's shard: Journal::kRollback).
+  Store(const std::string& path, Journal journal) : Store(path, Access::write, journal) {}
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
@@ -205,6 +229,8 @@ class Store {
   //! How long a write waits for another writer's lock before failing (default 10 s).
   void set_busy_timeout(int milliseconds);
   const std::string& path() const { return path_; }
+  //! Opened read-only (Access::read on a file or folder that cannot be written).
+  bool read_only() const { return read_only_; }
 
   //! Stores an env fingerprint; id = sha256 of its canonical JSON. Returns the id.
   std::string put_env(const nlohmann::json& env);
@@ -262,10 +288,34 @@ class Store {
   std::vector<BisectProbe> list_bisect_probes(int64_t bisect_id) const;
   //! Every bisect, newest first.
   std::vector<Bisect> list_bisects() const;
+  //! Runs still "running" whose owner process is gone (same host; pid absent or started at
+  //! another time): marked "abandoned" with the reason, or, read-only, shown so by list_runs and
+  //! get_run without writing. Runs owned by another host are left alone. Returns their ids.
+  std::vector<int64_t> settle_abandoned_runs();
+  //! Runs "running" on another host (their owner cannot be checked from here).
+  std::vector<Run> runs_elsewhere() const;
+  //! SQLite's integrity_check (quick_check when `quick`): empty when the db is sound, else the
+  //! problems it lists (at most 100).
+  std::vector<std::string> integrity_problems(bool quick = false) const;
+  //! Every artifact row, oldest first.
+  std::vector<Artifact> list_artifacts() const;
+  //! Deletes the artifact rows of `kinds` that belong to runs started before `started_before`
+  //! (ISO 8601) and are not still running; returns the rows removed (their files are the
+  //! caller's to delete, once no remaining row names them).
+  std::vector<Artifact> prune_artifacts(const std::string& started_before, const std::vector<std::string>& kinds);
+  //! Rewrites the file without free pages (SQLite VACUUM) and truncates the WAL.
+  void vacuum();
+  //! Test hook (HARNESS_FAULT_DB_MAX_PAGES, honoured with HARNESS_ALLOW_FAULTS=1 by the CLI): the
+  //! db may not grow past `pages` pages, so writes fail as on a full disk (SQLITE_FULL).
+  void limit_pages(int64_t pages);
 
  private:
+  void apply_abandoned(Run& run) const;
+
   std::string path_;
   sqlite3* db_ = nullptr;
+  bool read_only_ = false;
+  std::vector<int64_t> abandoned_;  //!< settled while read-only: reported as abandoned
 };
 
 //! Test hook: creates (or migrates) the db at `path` to schema `version` (1..current) and no

@@ -6,6 +6,7 @@
 #include "experiments/spec.h"
 #include "experiments/verdict.h"
 
+#include "core/json_input.h"
 #include "experiments/kinds/python_kind_info.h"
 #include "experiments/kinds/registry.h"
 #include "experiments/sweep.h"
@@ -109,7 +110,7 @@ const Schema& schema() {
         {"warmup", v()},
         {"timeout_s", v()},
         {"seed", v()},
-        {"check", object_node({{"enabled", v()}, {"factor", v()}, {"atol", v()}})},
+        {"check", object_node({{"enabled", v()}, {"factor", v()}, {"atol", v()}, {"rtol", v()}})},
         {"verdict", container_node(SchemaNode::Kind::array, clause)},
         {"params", any},
         {"sweep", container_node(SchemaNode::Kind::map, container_node(SchemaNode::Kind::array, v()))},
@@ -141,6 +142,11 @@ constexpr std::array<kernels::MaskKind, 5> kMaskKinds = {kernels::MaskKind::dfla
 // Sizes beyond 2^30 positions or heads are typos, and keeping them there keeps products such as
 // context + anchors * block_size far from int64 overflow.
 constexpr int64_t kMaxSize = int64_t{1} << 30;
+// A run's points are planned, validated and stored up front; the sweeps that settled the founding
+// case had 3 to 10 points. Far beyond that is a generated mistake (and quadratic to check).
+constexpr size_t kMaxSweepPoints = 4096;
+// Experiment and variant names appear in commands, tables and file names.
+constexpr size_t kMaxNameLength = 100;
 
 std::string join(const std::vector<std::string>& items, const std::string& separator = ", ") {
   std::string out;
@@ -170,9 +176,7 @@ std::string child(const std::string& path, const std::string& key) { return path
 //! `"abc" (string)`, `0 (number)`, `null`: what was found, for messages.
 std::string describe(const OrderedJson& value) {
   if (value.is_null()) return "null";
-  std::string text = value.dump();
-  if (text.size() > 60) text = text.substr(0, 57) + "...";
-  return text + " (" + value.type_name() + ")";
+  return clip_json(value, 60) + " (" + value.type_name() + ")";
 }
 
 std::optional<int64_t> as_integer(const OrderedJson& value) {
@@ -557,7 +561,10 @@ void check_variants(const OrderedJson& doc, Checker& c, Spec& spec, bool allow_f
   for (const auto& [name, body] : variants->items()) {
     written.push_back(name);
     const std::string p = child("variants", name);
-    if (!is_identifier(name)) {
+    if (name.size() > kMaxNameLength) {
+      c.issue(p, "variant name of " + std::to_string(name.size()) + " characters; at most " +
+                     std::to_string(kMaxNameLength));
+    } else if (!is_identifier(name)) {
       c.issue(p, "variant name \"" + name + "\" must match [a-z0-9_]+ (verdict rules read variant.metric)");
     }
     if (!body.is_object()) {
@@ -741,7 +748,10 @@ Spec validate_point(const OrderedJson& doc, const std::string& source, std::vect
 
   if (const auto name = c.string(doc, "", "name", true)) {
     spec.name = *name;
-    if (!is_identifier(*name)) {
+    if (name->size() > kMaxNameLength) {
+      c.issue("name", "a name of " + std::to_string(name->size()) + " characters; at most " +
+                          std::to_string(kMaxNameLength) + " (it names the experiment on the command line and in the db)");
+    } else if (!is_identifier(*name)) {
       c.issue("name", "name \"" + *name +
                           "\" must match [a-z0-9_]+ (it names the experiment on the command line "
                           "and in the db)");
@@ -826,6 +836,7 @@ Spec validate_point(const OrderedJson& doc, const std::string& source, std::vect
     spec.check = c.boolean(*check, "check", "enabled").value_or(true);
     spec.tolerance.factor = c.number(*check, "check", "factor", 0.0, false, "a positive number").value_or(2.0);
     spec.tolerance.atol = c.number(*check, "check", "atol", 0.0, true, "a non-negative number").value_or(1e-5);
+    spec.tolerance.rtol = c.number(*check, "check", "rtol", 0.0, true, "a non-negative number");
   }
   check_verdict(doc, c, spec, variants_ok);
   if (const OrderedJson* profile = c.member(doc, "", "profile", false)) {
@@ -911,6 +922,11 @@ Spec validate(const OrderedJson& doc, const std::string& source, std::vector<Ori
         c.issue(p, "expected a non-empty array of values to sweep, got " + describe(values));
         continue;
       }
+      if (values.size() > kMaxSweepPoints) {
+        c.issue(p, "lists " + std::to_string(values.size()) + " values; a run sweeps at most " +
+                       std::to_string(kMaxSweepPoints) + " points (split it into several runs)");
+        continue;
+      }
       SweepAxis axis{path, {}};
       for (size_t i = 0; i < values.size(); ++i) {
         const nlohmann::json value = nlohmann::json::parse(values[i].dump());
@@ -932,6 +948,11 @@ Spec validate(const OrderedJson& doc, const std::string& source, std::vector<Ori
     }
     if (ordered.size() == axes.size()) axes = std::move(ordered);
   }
+  size_t point_count = 1;
+  for (const SweepAxis& axis : axes) point_count = std::min(point_count * axis.values.size(), kMaxSweepPoints + 1);
+  if (point_count > kMaxSweepPoints)
+    c.issue("sweep", "the axes cross into more than " + std::to_string(kMaxSweepPoints) +
+                         " points; a run sweeps at most that many (split it into several runs)");
   if (c.count() > 0) throw SpecError(std::move(c.issues()));
 
   // Every point is validated; a problem shared by several points is reported once, at the first.
@@ -1040,6 +1061,18 @@ std::optional<size_t> as_index(const std::string& text) {
   return static_cast<size_t>(std::stoul(text));
 }
 
+//! The value of "--set path=value" as JSON; nullopt when it is not JSON (then it is meant as a
+//! word: dims.dtype=fp16). JSON that breaks a limit (nesting, size, duplicate keys, a number out
+//! of range) is an error, not a word: throws JsonInputError.
+std::optional<OrderedJson> override_value(const std::string& text) {
+  try {
+    return parse_json_input(text);
+  } catch (const JsonInputError& error) {
+    if (error.kind() == JsonInputError::Kind::syntax) return std::nullopt;
+    throw;
+  }
+}
+
 //! Applies one "--set path=value"; on a problem reports it and leaves the document unchanged.
 void apply_override(OrderedJson& doc, const std::string& argument, const std::string& source,
                     std::vector<SpecIssue>& issues, std::vector<Origin>& origins) {
@@ -1051,8 +1084,13 @@ void apply_override(OrderedJson& doc, const std::string& argument, const std::st
   }
   const std::string path = argument.substr(0, equals);
   const std::string text = argument.substr(equals + 1);
-  OrderedJson value = OrderedJson::parse(text, nullptr, false);
-  if (value.is_discarded()) value = text;
+  OrderedJson value;
+  try {
+    value = override_value(text).value_or(OrderedJson(text));
+  } catch (const JsonInputError& error) {
+    issues.push_back({origin, child(path, error.path()), error.message()});
+    return;
+  }
   const std::vector<std::string> parts = split_path(path);
 
   // The whole path must exist in the schema before the document is touched.
@@ -1159,12 +1197,32 @@ std::string SpecIssue::to_string() const {
 namespace {
 std::string describe_issues(const std::vector<SpecIssue>& issues) {
   std::string out;
-  for (size_t i = 0; i < issues.size(); ++i) out += (i ? "\n" : "") + issues[i].to_string();
+  const size_t shown = std::min(issues.size(), kMaxIssuesShown);
+  for (size_t i = 0; i < shown; ++i) out += (i ? "\n" : "") + issues[i].to_string();
+  if (shown < issues.size()) out += "\n... and " + std::to_string(issues.size() - shown) + " more problems";
   return out;
+}}  // namespace
+
+namespace {
+// An issue as printed: values a user wrote (a 10 MB name, a --set of 60 000 brackets) are cut to
+// a few hundred bytes wherever they appear.
+SpecIssue clipped(SpecIssue issue) {
+  issue.source = clip_text(issue.source, 300);
+  issue.path = clip_text(issue.path, 200);
+  issue.message = clip_text(issue.message, 500);
+  return issue;
+}
+
+std::vector<SpecIssue> clipped(std::vector<SpecIssue> issues) {
+  for (SpecIssue& issue : issues) issue = clipped(std::move(issue));
+  return issues;
 }
 }  // namespace
 
 SpecError::SpecError(std::vector<SpecIssue> issues)
+    : SpecError(clipped(std::move(issues)), 0) {}
+
+SpecError::SpecError(std::vector<SpecIssue> issues, int)
     : std::runtime_error(describe_issues(issues)), issues_(std::move(issues)) {}
 
 bool has_profile(const nlohmann::json& raw, const std::string& profile) {
@@ -1176,9 +1234,9 @@ bool has_profile(const nlohmann::json& raw, const std::string& profile) {
 Spec load_spec_text(const std::string& text, const std::string& source, const LoadOptions& options) {
   OrderedJson raw;
   try {
-    raw = OrderedJson::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw SpecError({{source, "", std::string("invalid JSON: ") + e.what()}});
+    raw = parse_json_input(text);
+  } catch (const JsonInputError& e) {
+    throw SpecError({{source, e.path(), e.message()}});
   }
   if (!raw.is_object())
     throw SpecError({{source, "", "expected a JSON object at the top level, got " + describe(raw)}});
@@ -1228,8 +1286,13 @@ Spec load_spec_text(const std::string& text, const std::string& source, const Lo
     const auto equals = argument.find('=');
     const std::string path = equals == std::string::npos ? "" : argument.substr(0, equals);
     if (!path.empty()) {
-      const OrderedJson value = OrderedJson::parse(argument.substr(equals + 1), nullptr, false);
-      if (!value.is_discarded() && value.is_array() && sweep_path_problem(path).empty() && !is_array_field(path)) {
+      OrderedJson value;
+      try {
+        value = override_value(argument.substr(equals + 1)).value_or(OrderedJson());
+      } catch (const JsonInputError&) {
+        // Reported with its path by apply_override below.
+      }
+      if (value.is_array() && sweep_path_problem(path).empty() && !is_array_field(path)) {
         resolved["sweep"][path] = value;
         resolved.erase("sweep_order");
         origins.push_back({"sweep." + path, source + " (--set " + argument + ")"});

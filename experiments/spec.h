@@ -25,13 +25,19 @@ struct SpecIssue {
   std::string to_string() const;  //!< "source: path: message"
 };
 
-//! Thrown with every problem of a spec; the CLI prints them all and exits with code 2.
+//! How many problems of one spec are printed; the rest are counted ("... and 99 950 more").
+inline constexpr size_t kMaxIssuesShown = 50;
+
+//! Thrown with every problem of a spec; the CLI prints them (the first kMaxIssuesShown) and exits
+//! with code 2.
 class SpecError : public std::runtime_error {
  public:
+  //! Values quoted in the issues are clipped to a few hundred bytes.
   explicit SpecError(std::vector<SpecIssue> issues);
   const std::vector<SpecIssue>& issues() const { return issues_; }
 
  private:
+  SpecError(std::vector<SpecIssue> issues, int already_clipped);
   std::vector<SpecIssue> issues_;
 };
 
@@ -65,11 +71,15 @@ struct VerdictClause {
   std::string then;
 };
 
-//! Tolerance for outputs and gradients: err(variant) <= factor * err(dense in low precision) + atol,
-//! errors measured against an fp32 reference (STYLE.md).
+//! Tolerance for outputs and gradients, errors measured against an fp32 reference (STYLE.md). A
+//! tensor matches when either bound holds (experiments/tolerance.h):
+//!   dense: max|variant - ref| <= factor * max|dense in low precision - ref| + atol, or
+//!   dtype: |variant - ref| <= atol + rtol * |ref| elementwise, rtol from the dtype as
+//!          torch.testing.assert_close has it (what the dtype itself cannot resolve).
 struct Tolerance {
   double factor = 2.0;
   double atol = 1e-5;
+  std::optional<double> rtol;  //!< check.rtol; default: the dtype's (bf16 1.6e-2, fp16 1e-3, fp32 1.3e-6)
 };
 
 //! One swept field: its JSON path and the values it takes, in the order written.

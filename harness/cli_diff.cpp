@@ -68,7 +68,8 @@ int run_diff(const DiffArgs& args, const GlobalOptions& options) {
   if (!by_env && !args.experiment.empty()) throw UsageError("--experiment goes with --env; run ids name their experiment");
   if (!std::filesystem::exists(options.db_path)) throw UsageError("no db at " + options.db_path + " (nothing to diff)");
 
-  db::Store store(options.db_path);
+  db::Store store(options.db_path, db::Access::read);
+  store.settle_abandoned_runs();
   check_db_has_runs(store);
   if (by_env) {
     const std::string env_a = analysis::resolve_env_id(store, args.envs[0]);

@@ -18,6 +18,7 @@
 #include "core/files.h"
 #include "harness/cli.h"
 #include "core/printer.h"
+#include "harness/run_support.h"
 
 namespace harness {
 namespace {
@@ -39,11 +40,8 @@ struct ExplainArgs {
 mm::OomMessage read_message(const ExplainArgs& args) {
   if (!args.bytes.empty() && !args.message.empty()) throw UsageError("explain-oom: give an OOM message or --bytes, not both");
   if (!args.bytes.empty()) {
-    const auto bytes = parse_byte_size(args.bytes);
-    if (!bytes || *bytes < 1)
-      throw UsageError(fmt::format("--bytes '{}': expected a positive size such as 17179869184 or 16GiB", args.bytes));
     mm::OomMessage message;
-    message.requested_bytes = static_cast<int64_t>(*bytes);
+    message.requested_bytes = parse_size_option(args.bytes, "--bytes", false);
     return message;
   }
   if (args.message.empty()) throw UsageError("explain-oom: give the OOM message (\"Tried to allocate 15.09 GiB ...\") or --bytes N");

@@ -19,7 +19,7 @@ Action add_list_command(CLI::App& app, GlobalOptions& options) {
     namespace fs = std::filesystem;
     std::map<std::string, int> run_counts;
     if (fs::exists(options.db_path)) {
-      db::Store store(options.db_path);
+      db::Store store(options.db_path, db::Access::read);
       db::RunFilter filter;
       filter.limit = 1000000;
       for (const auto& run : store.list_runs(filter)) ++run_counts[run.experiment];

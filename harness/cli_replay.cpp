@@ -31,6 +31,7 @@ struct ReplayArgs {
   std::string device = "auto";
   std::vector<std::string> overrides;
   std::string memory_limit;
+  bool memory_limit_given = false;
   std::string import_path;
   double env_timeout_s = 180.0;
   // Child side of --import (hidden): where the capsule goes and where to report.
@@ -86,8 +87,7 @@ bool point_matches(const nlohmann::json& point, const std::vector<std::string>& 
 // Picks the capsule to replay from a recorded run: --trial's, else the --variant trial's, else the
 // first failed trial's, else the first one's (every variant of a point records the same inputs).
 Source source_from_run(const ReplayArgs& args, const GlobalOptions& options) {
-  if (!fs::exists(options.db_path)) throw UsageError(fmt::format("no database at {}", options.db_path));
-  const db::Store store(options.db_path);
+  const db::Store store(options.db_path, db::Access::read);
   const auto detail = store.get_run(args.run_id);
   if (!detail) throw UsageError(fmt::format("run {} is not in {}", args.run_id, options.db_path));
   for (const auto& filter : args.points)
@@ -272,7 +272,7 @@ int run_replay(const ReplayArgs& args, const GlobalOptions& options) {
   if (!args.import_path.empty() && (args.trial_id || !args.points.empty()))
     throw UsageError("--trial and --point choose a trial of a recorded run; they do not go with --import");
   check_device_syntax(args.device);
-  const std::optional<int64_t> memory_limit = parse_memory_limit(args.memory_limit);
+  const std::optional<int64_t> memory_limit = parse_memory_limit(args.memory_limit, args.memory_limit_given);
   const bool allow_faults = faults_allowed();
 
   ScratchDir scratch;
@@ -365,6 +365,21 @@ int run_replay(const ReplayArgs& args, const GlobalOptions& options) {
              : match < 0.0           ? "the step ran (no reference check)"
                                      : fmt::format("against the fp32 dense reference: max abs err {:.3g}",
                                                    metric_value(recorded.metrics, "max_abs_err", 0.0));
+    // Which bound decided each tensor (experiments/tolerance.h): "dq 2.04e-03 <= bf16 rtol (dtype)".
+    const auto tolerance = replayed.details.find("tolerance");
+    if (match >= 0.0 && tolerance != replayed.details.end() && tolerance->is_object()) {
+      report["tolerance"] = *tolerance;
+      std::string bounds;
+      for (const auto& [tensor, judged] : tolerance->items()) {
+        const std::string by = judged.value("decided_by", "none");
+        bounds += fmt::format("{}{} {:.3g} {}", bounds.empty() ? "" : ", ", tensor, judged.value("max_abs_err", 0.0),
+                              by == "dense"   ? fmt::format("<= {:.3g} (dense bound)", judged.value("dense_bound", 0.0))
+                              : by == "dtype" ? fmt::format("within atol + {:.3g}·|ref| (dtype bound)", judged.value("rtol", 0.0))
+                                              : fmt::format("> {:.3g} and beyond {:.3g}·|ref| (no bound)",
+                                                            judged.value("dense_bound", 0.0), judged.value("rtol", 0.0)));
+      }
+      reason += "; " + bounds;
+    }
   }
   report["verdict"] = verdict;
   report["reason"] = reason;
@@ -402,8 +417,10 @@ Action add_replay_command(CLI::App& app, GlobalOptions& options) {
   command->add_option("--point", args->points, "Sweep point of the trial: PATH=VALUE (e.g. dims.anchors=512)");
   command->add_option("--device", args->device, "cpu, cuda:N, or auto");
   command->add_option("--set", args->overrides, "Override a field of the capsule's spec: path=value");
-  command->add_option("--memory-limit", args->memory_limit,
-                      "Cap the device memory of the step (e.g. 96GiB; none lifts it); default: the recorded run's");
+  command
+      ->add_option("--memory-limit", args->memory_limit,
+                   "Cap the device memory of the step (e.g. 96GiB; none lifts it); default: the recorded run's")
+      ->each([args](const std::string&) { args->memory_limit_given = true; });
   command->add_option("--import", args->import_path, "A step saved from Python (replay/save_step.py) to replay");
   command->add_option("--import-to", args->import_to)->group("");
   command->add_option("--import-result", args->import_result)->group("");

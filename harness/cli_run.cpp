@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <iostream>
@@ -44,6 +45,7 @@ struct RunArgs {
   bool no_profile = false;
   std::vector<std::string> fail_on;
   std::string memory_limit;
+  bool memory_limit_given = false;  //!< --memory-limit was on the command line (even as '')
   std::string python = "python3";
   bool keep_capsules = false;
   bool memory_snapshot = false;
@@ -290,7 +292,7 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
     check_device_syntax(args.device);
     devices = {args.device};
   }
-  const int64_t memory_limit_bytes = parse_memory_limit(args.memory_limit).value_or(0);
+  const int64_t memory_limit_bytes = parse_memory_limit(args.memory_limit, args.memory_limit_given).value_or(0);
   check_fail_on(args.fail_on);
   const auto dirs = experiment_search_dirs(options);
   std::vector<std::string> spec_paths;
@@ -366,6 +368,10 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
   if (on_slurm) return run_on_slurm(args, runs, devices.front(), memory_limit_bytes, allow_faults, options);
 
   db::Store store(options.db_path);
+  if (const char* pages = std::getenv("HARNESS_FAULT_DB_MAX_PAGES"); pages && allow_faults) {
+    // Test-only: the fault suite's disk-full case where no small file system can be mounted.
+    store.limit_pages(std::atoll(pages));
+  }
   const std::string artifact_dir = artifact_dir_for(options.db_path);
   std::vector<Job> jobs;
   for (size_t r = 0; r < runs.size(); ++r) {
@@ -410,9 +416,12 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
   settings.trace = args.trace;
   settings.artifact_dir = artifact_dir;
   settings.db_path = options.db_path;
-  std::mutex mutex;  // guards the queue, the store, the runs and the progress display
+  std::mutex mutex;  // guards the queue, the store, the runs, storage_error and the progress display
   std::deque<Job> queue(jobs.begin(), jobs.end());
   size_t sequence = 0;
+  // The first failure of the store (disk full, a damaged file) or of the machinery around a trial:
+  // no further trial starts, and every unfinished run is stored as failed with this reason.
+  std::string storage_error;
   auto finish_run = [&](PlannedRun& run) {
     const std::string status = run.interrupted ? "interrupted" : run.any_failed ? "failed" : "ok";
     const spec::Verdict verdict = decide(run, store);
@@ -425,7 +434,7 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
       size_t index = 0;
       {
         std::lock_guard lock(mutex);
-        if (queue.empty() || interrupt_requested()) return;
+        if (queue.empty() || interrupt_requested() || !storage_error.empty()) return;
         job = queue.front();
         queue.pop_front();
         index = ++sequence;
@@ -446,18 +455,63 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
           execute_trial(run, job, trial_settings, scratch.file(fmt::format("result-{}.json", index)), options);
 
       std::lock_guard lock(mutex);
-      store_trial(store, run.run_id, recorded);
+      if (!storage_error.empty()) return;  // another worker's store failed: this trial cannot be kept either
+      try {
+        store_trial(store, run.run_id, recorded);
+      } catch (const std::exception& error) {
+        // Caught here, at the store's boundary, not in std::terminate: the run is ended below.
+        storage_error = fmt::format("storing trial {} of run {} ({} at {}) failed: {}", index, run.run_id, variant.name,
+                                    label.empty() ? "the only point" : label, error.what());
+        progress.message("error: " + storage_error);
+        return;
+      }
       const db::Trial& trial = recorded.trial;
       note_outcome(run, job.point, recorded);
       progress.finished(fmt::format("  [{}/{}] {:<40} {:<12} {:.1f} s{}", index, jobs.size(), what, trial.status,
                                     trial.duration_s, trial.error.empty() ? "" : "  " + first_line(trial.error)),
                         trial.duration_s);
-      if (--run.pending == 0) finish_run(run);
+      if (--run.pending == 0) {
+        try {
+          finish_run(run);
+        } catch (const std::exception& error) {
+          storage_error = fmt::format("finishing run {} failed: {}", run.run_id, error.what());
+          progress.message("error: " + storage_error);
+          return;
+        }
+      }
+    }
+  };
+  // Nothing a worker does may end the process: an exception escaping a thread is std::terminate,
+  // which would leave its run "running" and its children behind.
+  auto guarded_worker = [&](const std::string& device) {
+    try {
+      worker(device);
+    } catch (const std::exception& error) {
+      std::lock_guard lock(mutex);
+      if (storage_error.empty()) storage_error = std::string("a trial worker failed: ") + error.what();
     }
   };
   std::vector<std::thread> workers;
-  for (const std::string& device : devices) workers.emplace_back(worker, device);
+  for (const std::string& device : devices) workers.emplace_back(guarded_worker, device);
   for (auto& thread : workers) thread.join();
+  if (!storage_error.empty()) {
+    // Mark each unfinished run failed with the reason. On a full disk this small update usually
+    // still fits (SQLite reuses the WAL space of the failed transaction); if not, the run stays
+    // "running" and the next `runs`/`db check` finds it abandoned, since this process is gone.
+    std::string unrecorded;
+    for (PlannedRun& run : runs) {
+      if (run.finished) continue;
+      try {
+        store.finish_run(run.run_id, "failed", "", nlohmann::json{{"reason", storage_error}}, storage_error);
+        run.finished = true;
+      } catch (const std::exception& error) {
+        unrecorded = error.what();
+      }
+    }
+    throw InfraError(storage_error + (unrecorded.empty() ? "; the run is stored as failed"
+                                                         : "; marking the run failed failed too (" + unrecorded +
+                                                               "): it will show as abandoned"));
+  }
   for (PlannedRun& run : runs) {
     if (run.finished) continue;
     run.interrupted = true;
@@ -483,8 +537,10 @@ Action add_run_command(CLI::App& app, GlobalOptions& options) {
                       "Override a spec field: path=value (dims.anchors=256); a list sweeps it (dims.anchors=[128,512])");
   command->add_option("--profile", args->profile, "Apply a profile of the spec (default: cpu on the CPU)");
   command->add_flag("--no-profile", args->no_profile, "Never apply a profile, even on the CPU");
-  command->add_option("--memory-limit", args->memory_limit,
-                      "Cap the device memory of each trial's step (e.g. 96GiB), to reproduce an OOM of a smaller GPU");
+  command
+      ->add_option("--memory-limit", args->memory_limit,
+                   "Cap the device memory of each trial's step (e.g. 96GiB), to reproduce an OOM of a smaller GPU")
+      ->each([args](const std::string&) { args->memory_limit_given = true; });
   command->add_option("--python", args->python, "Interpreter for python experiments (default python3)");
   command->add_flag("--keep-capsules", args->keep_capsules, "Keep the capsules of trials that succeed too");
   command->add_flag("--memory-snapshot", args->memory_snapshot,

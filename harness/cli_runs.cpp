@@ -25,7 +25,8 @@ Action add_runs_command(CLI::App& app, GlobalOptions& options) {
   command->add_option("--limit", args->limit, "At most this many runs")->check(CLI::PositiveNumber);
   add_global_options(*command, options);
   return [args, &options] {
-    db::Store store(options.db_path);
+    db::Store store(options.db_path, db::Access::read);
+    store.settle_abandoned_runs();  // a run whose harness was killed shows as abandoned, not running
     db::RunFilter filter;
     if (!args->experiment.empty()) filter.experiment = args->experiment;
     filter.failed_only = args->failed;

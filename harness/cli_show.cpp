@@ -59,7 +59,8 @@ Action add_show_command(CLI::App& app, GlobalOptions& options) {
   command->add_option("run", *run_id, "Run id (see `harness runs`)")->required();
   add_global_options(*command, options);
   return [run_id, &options] {
-    db::Store store(options.db_path);
+    db::Store store(options.db_path, db::Access::read);
+    store.settle_abandoned_runs();
     const auto detail = store.get_run(*run_id);
     if (!detail) throw UsageError(fmt::format("no run {} in {}", *run_id, options.db_path));
     if (options.json) print_json(std::cout, run_detail_json(*detail));

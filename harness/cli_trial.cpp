@@ -4,13 +4,17 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <iostream>
+#include <thread>
 
 #include "trials/run_trial.h"
 #include "experiments/spec.h"
 #include "core/files.h"
 #include "harness/cli.h"
 #include "harness/env.h"
+#include "harness/run_support.h"
 
 namespace harness {
 namespace {
@@ -19,7 +23,28 @@ struct TrialArgs {
   std::string spec_path;
   kinds::TrialContext context;
   std::string devices;
+  double deadline_s = 0.0;
 };
+
+// The child's own deadline: when the parent cannot end a hung trial (it is stopped, or gone and
+// PR_SET_PDEATHSIG did not fire), the child ends itself, leaving a timeout result for whoever
+// reads it, and its helpers die with it (they were started with PR_SET_PDEATHSIG).
+void start_deadline(double seconds, const std::string& result_path) {
+  if (seconds <= 0.0) return;
+  std::thread([seconds, result_path] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    const nlohmann::json result = {
+        {"status", "timeout"},
+        {"error", "the trial ended itself at its own deadline (" + std::to_string(static_cast<long>(seconds)) +
+                      " s): its parent did not stop it"}};
+    try {
+      write_file_atomic(result_path, result.dump());
+    } catch (...) {
+    }
+    std::cerr << "harness __trial: deadline of " << seconds << " s passed; ending the trial\n";
+    std::_Exit(kExitChildDeadline);
+  }).detach();
+}
 
 struct EnvArgs {
   std::string device = "auto", result_path;
@@ -46,8 +71,10 @@ Action add_trial_command(CLI::App& app, GlobalOptions& options) {
   command->add_flag("--memory-snapshot", context.memory_snapshot);
   command->add_flag("--trace", context.trace);
   command->add_option("--replay-capsule", context.replay_capsule, "Run the step recorded in this capsule");
+  command->add_option("--deadline-s", args->deadline_s, "End the trial (status timeout) after this many seconds");
   add_global_options(*command, options);
   return [args] {
+    start_deadline(args->deadline_s, args->context.result_path);
     const auto resolved = nlohmann::json::parse(read_file(args->spec_path));
     const spec::Spec spec = spec::parse_spec(resolved, args->spec_path, args->context.allow_faults);
     kinds::TrialContext context = args->context;

@@ -43,7 +43,8 @@ int run_writeup(const WriteupArgs& args, const GlobalOptions& options) {
   }
   if (args.bisect == 0 && args.target.empty()) throw UsageError("name a run, an experiment, or --bisect ID");
   if (args.bisect != 0 && !args.target.empty()) throw UsageError("give a run or experiment, or --bisect ID, not both");
-  db::Store store(options.db_path);
+  db::Store store(options.db_path, db::Access::read);
+  store.settle_abandoned_runs();
   const auto writeup = args.bisect != 0 ? bisect_writeup(store, args.bisect, options.db_path)
                                         : analysis::build_writeup(store, analysis::resolve_writeup_target(store, args.target),
                                                                   options.db_path);

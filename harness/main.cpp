@@ -8,6 +8,7 @@
 
 #include <iostream>
 #include <map>
+#include <algorithm>
 #include <string_view>
 #include <vector>
 
@@ -39,15 +40,15 @@ std::string version_text() {
          HARNESS_TORCH_CMAKE_VERSION + "\nCUDA " + cuda + "\nbuild " + HARNESS_BUILD_TYPE + ", " + HARNESS_CXX_COMPILER;
 }
 
-//! Reports a failure that ends the command: text on stderr and, under --json, also
-//! {"error": ..., "exit_code": ...} (plus "issues" for spec errors) on stdout.
-int fail(bool json, int exit_code, const std::string& message, const std::vector<std::string>& issues = {}) {
+// Every error leaves the same way: text on stderr and, under --json, also an object on stdout
+// ({"error": ..., "exit_code": ...} plus `extra`), so a script reading stdout sees why, not nothing.
+int report_error(const GlobalOptions& options, int exit_code, const std::string& message,
+                 const nlohmann::json& extra = nlohmann::json::object()) {
   std::cerr << "error: " << message << '\n';
-  for (const auto& issue : issues) std::cerr << "  " << issue << '\n';
-  if (json) {
+  if (options.json) {
     nlohmann::json error = {{"error", message}, {"exit_code", exit_code}};
-    if (!issues.empty()) error["issues"] = issues;
-    print_json(std::cout, error);
+    error.update(extra);
+    std::cout << error.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
   }
   return exit_code;
 }
@@ -98,14 +99,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    // --json may not have been parsed yet when the command line is wrong: look for it.
-    bool json = false;
-    for (int i = 1; i < argc; ++i) json = json || std::string_view(argv[i]) == "--json";
-    if (!json) {
-      app.exit(e);
-      return kExitUsage;
-    }
-    return fail(true, kExitUsage, e.what());
+    // --json may not have been parsed yet when the error came: look for it among the arguments.
+    for (int i = 1; i < argc; ++i) options.json = options.json || std::string_view(argv[i]) == "--json";
+    if (options.json) return report_error(options, kExitUsage, e.what());
+    app.exit(e);
+    return kExitUsage;
   }
 
   auto logger = spdlog::stderr_color_mt("harness");
@@ -118,18 +116,26 @@ int main(int argc, char** argv) {
     try {
       return action();
     } catch (const spec::SpecError& e) {
-      std::vector<std::string> issues;
-      for (const auto& issue : e.issues()) issues.push_back(issue.to_string());
-      return fail(options.json, kExitUsage,
-                  "invalid experiment spec (" + std::to_string(issues.size()) + " problem" +
-                      (issues.size() == 1 ? "" : "s") + ", nothing was run or written):",
-                  issues);
+      const auto& issues = e.issues();
+      const size_t shown = std::min(issues.size(), spec::kMaxIssuesShown);
+      std::string text = "invalid experiment spec (" + std::to_string(issues.size()) + " problem" +
+                         (issues.size() == 1 ? "" : "s") + ", nothing was run or written):";
+      nlohmann::json problems = nlohmann::json::array();
+      for (size_t i = 0; i < shown; ++i) {
+        text += "\n  " + issues[i].to_string();
+        problems.push_back({{"source", issues[i].source}, {"path", issues[i].path}, {"message", issues[i].message}});
+      }
+      if (shown < issues.size()) text += "\n  ... and " + std::to_string(issues.size() - shown) + " more problems";
+      return report_error(options, kExitUsage, text,
+                          {{"problems", problems}, {"problem_count", issues.size()}});
     } catch (const UsageError& e) {
-      return fail(options.json, kExitUsage, e.what());
+      return report_error(options, kExitUsage, e.what());
+    } catch (const db::DbMissingError& e) {
+      return report_error(options, kExitUsage, e.what());
     } catch (const db::DbError& e) {
-      return fail(options.json, kExitInfra, std::string("database: ") + e.what());
+      return report_error(options, kExitInfra, std::string("database: ") + e.what());
     } catch (const std::exception& e) {
-      return fail(options.json, kExitInfra, e.what());
+      return report_error(options, kExitInfra, e.what());
     }
   }
   return kExitUsage;

@@ -3,20 +3,51 @@
 #include <ftw.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <regex>
 
 #include <fmt/format.h>
 
 #include "core/byte_size.h"
+#include "core/files.h"
+#include "core/process_identity.h"
 
 namespace harness {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+constexpr const char* kScratchPrefix = "harness-run-";
+
+// Scratch folders are named harness-run-<pid>-<start ticks>-XXXXXX; one whose process is gone
+// was left by a harness killed with SIGKILL (nothing can clean up after that): the next one
+// removes it.
+void remove_stale_scratch_dirs(const fs::path& temp) {
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(temp, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kScratchPrefix, 0) != 0 || !entry.is_directory(error)) continue;
+    long pid = 0;
+    unsigned long long ticks = 0;
+    if (std::sscanf(name.c_str() + std::strlen(kScratchPrefix), "%ld-%llu-", &pid, &ticks) != 2 || pid <= 0) continue;
+    const std::string start = process_start_token(pid);
+    if (start.empty() || start.substr(start.rfind('/') + 1) != std::to_string(ticks)) remove_tree(entry.path().string());
+  }
+}
+
+}  // namespace
+
 ScratchDir::ScratchDir() {
-  std::string pattern = (fs::temp_directory_path() / "harness-run-XXXXXX").string();
+  const fs::path temp = fs::temp_directory_path();
+  remove_stale_scratch_dirs(temp);
+  const std::string start = current_process().start;
+  std::string pattern = (temp / (std::string(kScratchPrefix) + std::to_string(getpid()) + "-" +
+                                 start.substr(start.rfind('/') + 1) + "-XXXXXX"))
+                            .string();
   if (!mkdtemp(pattern.data())) throw InfraError("cannot create a temporary directory");
   path_ = pattern;
 }
@@ -25,20 +56,39 @@ ScratchDir::~ScratchDir() { remove_tree(path_); }
 
 std::string ScratchDir::file(const std::string& name) const { return (fs::path(path_) / name).string(); }
 
+int64_t parse_size_option(const std::string& text, const std::string& option, bool allow_none) {
+  if (allow_none && (text == "0" || text == "none")) return 0;
+  const std::string expected =
+      std::string("expected a size such as 96GiB, 512MiB or a byte count, at most 1EiB") + (allow_none ? ", or none" : "");
+  // parse_byte_size refuses sizes past INT64_MAX; 1 EiB is far past any device and far from that.
+  constexpr int64_t kMaxBytes = int64_t{1} << 60;
+  const auto bytes = parse_byte_size(text);
+  if (!bytes || *bytes < 1 || *bytes > kMaxBytes) throw UsageError(fmt::format("{} '{}': {}", option, text, expected));
+  return *bytes;
+}
+
+namespace {
+// Device indexes past this are typos (the largest nodes have 16 GPUs); it also keeps the number
+// far from int overflow in the device probe.
+constexpr size_t kMaxDeviceIndexDigits = 4;
+
+void check_device_index(const std::string& device, const std::string& option, const std::string& given) {
+  const auto colon = device.find(':');
+  if (colon != std::string::npos && device.size() - colon - 1 > kMaxDeviceIndexDigits)
+    throw UsageError(fmt::format("{} '{}': device index {} is out of range", option, given, device.substr(colon + 1)));
+}
+}  // namespace
+
 void check_device_syntax(const std::string& device, const std::string& option) {
   static const std::regex valid(R"(auto|cpu|cuda(:\d+)?)");
   if (!std::regex_match(device, valid))
     throw UsageError(fmt::format("{} '{}': expected cpu, cuda, cuda:N or auto", option, device));
+  check_device_index(device, option, device);
 }
 
-std::optional<int64_t> parse_memory_limit(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  if (text == "0" || text == "none") return 0;
-  const auto bytes = parse_byte_size(text);
-  if (!bytes || *bytes < 1)
-    throw UsageError(
-        fmt::format("--memory-limit '{}': expected a size such as 96GiB, 512MiB or a byte count, or none", text));
-  return *bytes;
+std::optional<int64_t> parse_memory_limit(const std::string& text, bool given) {
+  if (!given) return std::nullopt;
+  return parse_size_option(text, "--memory-limit", true);
 }
 
 std::vector<std::string> parse_device_list(const std::string& list) {
@@ -51,6 +101,7 @@ std::vector<std::string> parse_device_list(const std::string& list) {
     if (!std::regex_match(entry, valid))
       throw UsageError(fmt::format("--devices '{}': entry '{}' is not a device; expected a list such as cuda:0,cuda:1",
                                    list, entry));
+    check_device_index(entry, "--devices", list);
     if (std::find(devices.begin(), devices.end(), entry) != devices.end())
       throw UsageError(fmt::format("--devices '{}': {} is listed twice", list, entry));
     devices.push_back(entry);
@@ -110,6 +161,9 @@ ChildCommand trial_command(const TrialLaunch& launch, const GlobalOptions& optio
   if (!launch.replay_capsule.empty())
     command.argv.insert(command.argv.end(), {"--replay-capsule", launch.replay_capsule});
   command.timeout_s = launch.timeout_s;
+  // The child's own deadline, for when this process cannot enforce one (stopped, or killed and
+  // the child somehow survived): a little after ours, so that normally ours decides.
+  command.argv.insert(command.argv.end(), {"--deadline-s", fmt::format("{:.3f}", launch.timeout_s + kChildDeadlineGraceS)});
   return command;
 }
 

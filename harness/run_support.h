@@ -31,11 +31,16 @@ class ScratchDir {
   std::string path_;
 };
 
+//! A size option (explain-oom --bytes 16GiB) in bytes. With `allow_none`, "0" and "none" mean no
+//! cap (0). UsageError naming `option` for anything else: an empty value, a word, a size below
+//! one byte, or one beyond 2^60 bytes (1 EiB, far past any device).
+int64_t parse_size_option(const std::string& text, const std::string& option, bool allow_none);
+
 //! Checks "cpu", "cuda", "cuda:N" or "auto"; UsageError naming `option` otherwise.
 void check_device_syntax(const std::string& device, const std::string& option = "--device");
-//! --memory-limit: a size (core/byte_size.h), or 0 / none for no cap; empty: nullopt (unset).
-//! UsageError naming the option otherwise.
-std::optional<int64_t> parse_memory_limit(const std::string& text);
+//! --memory-limit: a size (core/byte_size.h), or 0 / none for no cap; nullopt when the option was
+//! not `given`. UsageError naming the option otherwise, an empty value ('') included.
+std::optional<int64_t> parse_memory_limit(const std::string& text, bool given);
 //! Parses "cuda:0,cuda:1" into devices (no duplicates, no "auto"); UsageError naming the bad entry.
 std::vector<std::string> parse_device_list(const std::string& list);
 
@@ -62,6 +67,11 @@ struct TrialLaunch {
   std::string replay_capsule;
   double timeout_s = 600.0;
 };
+
+//! Seconds after the parent's timeout at which a trial child ends itself (`__trial --deadline-s`).
+inline constexpr double kChildDeadlineGraceS = 10.0;
+//! Exit code of a trial child that ended itself at its deadline (after writing a timeout result).
+inline constexpr int kExitChildDeadline = 124;
 
 //! The child command for a trial.
 ChildCommand trial_command(const TrialLaunch& launch, const GlobalOptions& options);

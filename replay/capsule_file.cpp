@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -17,6 +18,7 @@
 
 #include "core/errors.h"
 #include "core/files.h"
+#include "core/json_input.h"
 #include "db/store.h"
 
 namespace harness::replay {
@@ -66,9 +68,13 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return text + "]";
 }
 
-int64_t numel(const std::vector<int64_t>& shape) {
+// Elements of a shape; nullopt when a dimension is negative or the count overflows int64 (a
+// damaged or hostile header).
+std::optional<int64_t> numel(const std::vector<int64_t>& shape) {
   int64_t count = 1;
-  for (int64_t extent : shape) count *= extent;
+  for (int64_t extent : shape) {
+    if (extent < 0 || __builtin_mul_overflow(count, extent, &count)) return std::nullopt;
+  }
   return count;
 }
 
@@ -177,16 +183,34 @@ std::string read_safetensors_header(const File& in, CapsuleInfo& info) {
   return header_text;
 }
 
+// An integer field of a header entry; floats and out-of-range numbers are damage, not sizes.
+int64_t header_integer(const nlohmann::json& json, const char* key) {
+  const nlohmann::json& value = json.at(key);
+  if (!value.is_number_integer() || (value.is_number_unsigned() && value.get<uint64_t>() > INT64_MAX))
+    throw CapsuleError(std::string("'") + key + "' is not an integer in range");
+  return value.get<int64_t>();
+}
+
 TensorEntry parse_entry(const nlohmann::json& json, const std::string& where) {
   TensorEntry entry;
   try {
     entry.name = json.at("name").get<std::string>();
     entry.dtype = json.at("dtype").get<std::string>();
-    entry.shape = json.at("shape").get<std::vector<int64_t>>();
-    entry.offset = json.at("offset").get<int64_t>();
-    entry.bytes = json.at("bytes").get<int64_t>();
+    const nlohmann::json& shape = json.at("shape");
+    if (!shape.is_array() || shape.size() > 16) throw CapsuleError("'shape' is not a list of at most 16 sizes");
+    for (const auto& extent : shape) {
+      if (!extent.is_number_integer() || (extent.is_number_unsigned() && extent.get<uint64_t>() > INT64_MAX))
+        throw CapsuleError("'shape' holds " + clip_json(nlohmann::ordered_json(extent)));
+      entry.shape.push_back(extent.get<int64_t>());
+    }
+    entry.offset = header_integer(json, "offset");
+    entry.bytes = header_integer(json, "bytes");
     entry.sha256 = json.at("sha256").get<std::string>();
+    if (entry.name.size() > 256 || entry.dtype.size() > 16 || entry.sha256.size() > 64)
+      throw CapsuleError("a name, dtype or sha256 is too long");
   } catch (const nlohmann::json::exception& error) {
+    throw CapsuleError(where + ": corrupt header: a tensor entry is malformed (" + clip_text(error.what(), 200) + ")");
+  } catch (const CapsuleError& error) {
     throw CapsuleError(where + ": corrupt header: a tensor entry is malformed (" + error.what() + ")");
   }
   return entry;
@@ -428,12 +452,13 @@ CapsuleInfo inspect_capsule(const std::string& path, bool verify_payload, const 
   }
   info.sha256 = db::sha256_hex(header_text);
   try {
-    info.header = nlohmann::json::parse(header_text);
-  } catch (const nlohmann::json::exception& error) {
+    info.header = nlohmann::json(parse_json_input(header_text));
+  } catch (const JsonInputError& error) {
     throw CapsuleError(path + ": corrupt header: " + error.what());
   }
   if (!info.header.is_object() || !info.header.contains("tensors") || !info.header["tensors"].is_array() ||
-      !info.header.contains("payload_bytes"))
+      !info.header.contains("payload_bytes") || !info.header["payload_bytes"].is_number_integer() ||
+      info.header["payload_bytes"].get<int64_t>() < 0)
     throw CapsuleError(path + ": corrupt header: it lacks the tensor list or the payload size");
 
   if (expected_sha256 && *expected_sha256 != info.sha256)
@@ -446,7 +471,9 @@ CapsuleInfo inspect_capsule(const std::string& path, bool verify_payload, const 
                        info.sha256 + " (the header was changed)");
 
   const int64_t payload_bytes = info.header["payload_bytes"].get<int64_t>();
-  const int64_t expected_size = info.payload_offset + payload_bytes;
+  int64_t expected_size = 0;
+  if (__builtin_add_overflow(info.payload_offset, payload_bytes, &expected_size))
+    throw CapsuleError(path + ": corrupt header: payload size " + std::to_string(payload_bytes) + " is out of range");
   if (info.file_bytes < expected_size)
     throw CapsuleError(path + ": truncated: " + std::to_string(info.file_bytes) + " bytes, the header describes " +
                        std::to_string(expected_size) + " (" + std::to_string(expected_size - info.file_bytes) +
@@ -459,11 +486,12 @@ CapsuleInfo inspect_capsule(const std::string& path, bool verify_payload, const 
     TensorEntry entry = parse_entry(json, path);
     const auto element_bytes = dtype_bytes(entry.dtype);
     if (!element_bytes) throw CapsuleError(path + ": tensor " + entry.name + " has unknown dtype '" + entry.dtype + "'");
-    if (std::any_of(entry.shape.begin(), entry.shape.end(), [](int64_t extent) { return extent < 0; }) ||
-        numel(entry.shape) * *element_bytes != entry.bytes)
+    const auto elements = numel(entry.shape);
+    int64_t shape_bytes = 0;
+    if (!elements || __builtin_mul_overflow(*elements, *element_bytes, &shape_bytes) || shape_bytes != entry.bytes)
       throw CapsuleError(path + ": tensor " + entry.name + ": " + std::to_string(entry.bytes) + " bytes do not fit shape " +
                          shape_text(entry.shape) + " of " + entry.dtype);
-    if (entry.offset < 0 || entry.offset + entry.bytes > payload_bytes)
+    if (entry.offset < 0 || entry.bytes < 0 || entry.offset > payload_bytes || entry.bytes > payload_bytes - entry.offset)
       throw CapsuleError(path + ": tensor " + entry.name + " lies outside the payload");
     if (info.find(entry.name)) throw CapsuleError(path + ": tensor " + entry.name + " is listed twice");
     info.tensors.push_back(std::move(entry));
@@ -508,7 +536,8 @@ std::string read_tensor_bytes(const CapsuleInfo& info, const TensorEntry& entry)
 
 void check_step_fits_spec(const CapsuleInfo& info, const spec::Spec& spec) {
   std::vector<std::string> problems;
-  const std::string role = info.header.value("role", "");
+  const auto role_field = info.header.find("role");
+  const std::string role = role_field != info.header.end() && role_field->is_string() ? role_field->get<std::string>() : "";
   if (role != "step") problems.push_back("it is a '" + role + "' file, not a step capsule");
   if (spec.kind != "attention_step") problems.push_back("its spec is of kind " + spec.kind + ", not attention_step");
   const auto& d = spec.dims;
@@ -540,7 +569,9 @@ void check_step_fits_spec(const CapsuleInfo& info, const spec::Spec& spec) {
     const std::string base = entry.name.substr(0, dot);
     if (std::find(std::begin(kLayerTensors), std::end(kLayerTensors), base) == std::end(kLayerTensors)) continue;
     const std::string index = entry.name.substr(dot + 1);
-    if (!index.empty() && std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; }) && std::stoll(index) >= spec.layers)
+    // Compared as digits: an index too long for int64 is a layer the spec does not have either.
+    const bool digits = !index.empty() && std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits && (index.size() > 18 || std::stoll(index) >= spec.layers))
       problems.push_back("tensor " + entry.name + " belongs to a layer the spec does not have (layers = " +
                          std::to_string(spec.layers) + ")");
   }
@@ -597,7 +628,7 @@ std::vector<TensorComparison> compare_outputs(const CapsuleInfo& original, const
       const std::string a = read_tensor_bytes(original, before);
       const std::string b = read_tensor_bytes(replay, *after);
       double max_original = 0.0;
-      const int64_t count = numel(before.shape);
+      const int64_t count = numel(before.shape).value_or(0);  // checked by inspect_capsule
       for (int64_t i = 0; i < count; ++i) {
         const double x = element(a, before.dtype, i), y = element(b, before.dtype, i);
         if (std::isfinite(x) && std::isfinite(y)) {

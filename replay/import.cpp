@@ -1,13 +1,18 @@
 #include "replay/import.h"
 
-#include <torch/csrc/jit/serialization/pickle.h>
+#include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
+#include <torch/csrc/jit/serialization/import_read.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 
+#include "core/json_input.h"
 #include "replay/capsule.h"
 
 namespace harness::replay {
@@ -38,6 +43,33 @@ std::vector<char> read_bytes(const std::string& path) {
   return bytes;
 }
 
+// LibTorch's reader of an in-memory zip (the one torch::jit::pickle_load uses, VectorReader) copies
+// what the zip's directory asks for without checking the end of the buffer: a file whose central
+// directory points past its end made it read out of bounds (found by scripts/fuzz.sh, input in
+// tests/fuzz/import/). This reader answers such a request with the bytes that exist, and the zip
+// reader then reports a damaged file.
+class BoundedReader final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BoundedReader(const std::vector<char>& bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    const size_t available = std::min<uint64_t>(n, bytes_.size() - pos);
+    std::memcpy(buf, bytes_.data() + pos, available);
+    return available;
+  }
+
+ private:
+  const std::vector<char>& bytes_;
+};
+
+// What torch::jit::pickle_load does (a torch.save zip: its "data.pkl" and tensors), through the
+// bounded reader.
+c10::IValue load_pickle(const std::vector<char>& bytes) {
+  caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BoundedReader>(bytes));
+  return torch::jit::readArchiveAndTensors("data", "", "", std::nullopt, std::nullopt, std::nullopt, reader);
+}
+
 int64_t meta_int(const nlohmann::json& dims, const char* key, int64_t fallback, const std::string& where) {
   if (!dims.contains(key)) return fallback;
   if (!dims[key].is_number_integer()) throw CapsuleError(where + ": meta.dims." + key + " must be an integer");
@@ -61,7 +93,7 @@ ImportedStep import_step_file(const std::string& step_path, const std::string& d
   } else {
     c10::IValue value;
     try {
-      value = torch::jit::pickle_load(read_bytes(step_path));
+      value = load_pickle(read_bytes(step_path));  // bounds-checked: pickle_load reads past a hostile zip
     } catch (const CapsuleError&) {
       throw;
     } catch (const c10::Error& error) {
@@ -90,9 +122,12 @@ ImportedStep import_step_file(const std::string& step_path, const std::string& d
     throw CapsuleError(where + ": no 'meta' entry (a JSON string with dims and mask; in a safetensors file, "
                        "metadata={\"meta\": json.dumps(meta)}; replay/README.md)");
   ImportedStep imported;
-  imported.meta = nlohmann::json::parse(*meta_text, nullptr, false);
-  if (imported.meta.is_discarded() || !imported.meta.is_object())
-    throw CapsuleError(where + ": 'meta' is not a JSON object");
+  try {
+    imported.meta = nlohmann::json(parse_json_input(*meta_text));
+  } catch (const JsonInputError& error) {
+    throw CapsuleError(where + ": 'meta' is not valid JSON (" + std::string(error.what()) + ")");
+  }
+  if (!imported.meta.is_object()) throw CapsuleError(where + ": 'meta' is not a JSON object");
   const nlohmann::json& meta = imported.meta;
 
   // Layers: "q" alone, or "q.0" ... "q.N-1".

@@ -16,7 +16,8 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 # slurmctld, slurmd, slurm-client: the one-node Slurm the `slurm` test starts (scripts/slurm_local.sh).
 debs=(build-essential cmake ninja-build git python3 python3-venv libsqlite3-dev libcli11-dev
-      libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 ccache chromium slurmctld slurmd slurm-client)
+      libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 ccache chromium slurmctld slurmd slurm-client
+      clang-14 libclang-rt-14-dev)
 if [[ "${HARNESS_SKIP_APT:-0}" != 1 ]]; then
   missing=()
   for p in "${debs[@]}"; do

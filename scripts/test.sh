@@ -10,6 +10,11 @@ build_dir=${BUILD_DIR:-$root/build}
 cd "$build_dir"
 ctest --output-on-failure "$@"
 "$root/scripts/tsan.sh"  # ThreadSanitizer over the autotuner and the race experiment (torch-free build-tsan/)
+# AddressSanitizer + UBSan over the torch-free tests, then each fuzz target for FUZZ_SECONDS (60):
+# one clang build (build-sanitize/) serves both (docs/RELIABILITY.md has their figures).
+"$root/scripts/asan.sh"
+"$root/scripts/fuzz.sh"
+
 # The pip route in a fresh venv (scripts/test_install.sh: a second full build into build-pip/, against
 # the venv's own torch). Opt-in: HARNESS_TEST_INSTALL=1. Its venv is kept in ~/.cache/harness/install-test
 # so that a rerun reuses torch and ccache (see python/README.md for the measured times).

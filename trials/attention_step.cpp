@@ -15,10 +15,11 @@
 #include <stdexcept>
 #include <thread>
 
-#include "trials/memory.h"
-#include "trials/step_evidence.h"
 #include "core/files.h"
 #include "core/oom_message.h"
+#include "experiments/tolerance.h"
+#include "trials/memory.h"
+#include "trials/step_evidence.h"
 #include "kernels/attention.h"
 #include "kernels/mask_desc.h"
 #include "replay/capsule.h"
@@ -121,11 +122,22 @@ LayerOutputs dense_step(const LayerInputs& in, kernels::MaskContext& mask, at::S
   return {out.detach(), q.grad(), k.grad(), v.grad()};
 }
 
+// max over elements of |got - ref| - rtol * |ref|: the dtype bound of spec::judge_tensor holds
+// when this is at most atol. Non-finite anywhere gives infinity.
+double worst_excess_over_rtol(const at::Tensor& got, const at::Tensor& ref, double rtol) {
+  const auto reference = ref.to(at::kFloat);
+  const auto excess = (got.to(at::kFloat) - reference).abs() - rtol * reference.abs();
+  if (!excess.isfinite().all().item<bool>()) return std::numeric_limits<double>::infinity();
+  return excess.max().item<double>();
+}
+
 // Compares the variant's layer-0 tensors with an fp32 reference; the allowance is relative to
-// the error the dense path makes in the same low precision (STYLE.md).
+// the error the dense path makes in the same low precision (STYLE.md), or what the dtype itself
+// cannot resolve (experiments/tolerance.h). Each tensor's judgement, with the bound that decided
+// it, goes to the trial's details ("tolerance").
 void check_against_reference(const spec::Spec& spec, const std::string& impl, const LayerInputs& in,
                              const LayerOutputs& got, kernels::MaskContext& mask, double scale,
-                             std::vector<MetricValue>& metrics) {
+                             std::vector<MetricValue>& metrics, nlohmann::json& details) {
   const LayerOutputs reference = dense_step(in, mask, at::kFloat, scale);
   const at::ScalarType dtype = scalar_type(spec.dtype);
   const LayerOutputs lowp = impl == "dense" ? got : dense_step(in, mask, dtype, scale);
@@ -135,19 +147,25 @@ void check_against_reference(const spec::Spec& spec, const std::string& impl, co
       {"dk", {got.dk, {lowp.dk, reference.dk}}},
       {"dv", {got.dv, {lowp.dv, reference.dv}}},
   };
+  const double rtol = spec::check_rtol(spec.tolerance, spec.dtype);
   bool match = true;
   double worst = 0.0;
+  nlohmann::json judged = nlohmann::json::object();
   for (const auto& [name, tensors] : rows) {
-    const double err = max_abs_diff(tensors.first, tensors.second.second);
-    const double lowp_err = max_abs_diff(tensors.second.first, tensors.second.second);
-    const double allowed = spec.tolerance.factor * lowp_err + spec.tolerance.atol;
-    match = match && std::isfinite(err) && err <= allowed;
-    worst = std::max(worst, err);
-    metrics.push_back({std::string(name) + "_max_abs_err", err, "", -1});
-    metrics.push_back({std::string(name) + "_dense_lowp_err", lowp_err, "", -1});
+    spec::TensorErrors errors;
+    errors.err = max_abs_diff(tensors.first, tensors.second.second);
+    errors.dense_err = max_abs_diff(tensors.second.first, tensors.second.second);
+    errors.worst_excess = worst_excess_over_rtol(tensors.first, tensors.second.second, rtol);
+    const spec::TensorJudgement judgement = spec::judge_tensor(errors, spec.tolerance, spec.dtype);
+    match = match && judgement.match;
+    worst = std::max(worst, errors.err);
+    metrics.push_back({std::string(name) + "_max_abs_err", errors.err, "", -1});
+    metrics.push_back({std::string(name) + "_dense_lowp_err", errors.dense_err, "", -1});
+    judged[name] = judgement.to_json(errors);
   }
   metrics.push_back({"max_abs_err", worst, "", -1});
   metrics.push_back({"match", match ? 1.0 : 0.0, "", -1});
+  details["tolerance"] = std::move(judged);
 }
 
 // Non-finite values found in the step: the first tensor (in the order the step makes them) that has any.
@@ -418,7 +436,8 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
     record.evidence_errors["memory_snapshot"] = "allocator snapshots are recorded on CUDA devices only";
   // The reference check is the harness's, not the experiment's: it runs without the cap.
   if (context.memory_limit_bytes > 0) set_memory_limit(device, 0);
-  if (spec.check) check_against_reference(spec, variant.impl, inputs[0], layer0, *mask, scale, result.metrics);
+  if (spec.check)
+    check_against_reference(spec, variant.impl, inputs[0], layer0, *mask, scale, result.metrics, result.details);
   return result;
 }
 

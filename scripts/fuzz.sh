@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Fuzzes the parsers of hostile input with libFuzzer under AddressSanitizer and UBSan:
+#   spec     experiment specs: parse, profile, --set overrides, validation, sweep expansion
+#   capsule  capsule files: preamble, header, payload hashes, fit to a spec, output comparison
+#   import   `replay --import` of torch.save files (links LibTorch, whose unpickler it reaches)
+# Each target runs for FUZZ_SECONDS (default 60) from its seed corpus tests/fuzz/<target>/ (the
+# shipped specs and tests/specs/bad are added to the spec seeds). A crash leaves its input in
+# build-sanitize/findings/ and fails the script: copy it into tests/fuzz/<target>/ (it then
+# becomes a regression input that the unit tests replay on every run) and fix the cause.
+# Prints one line per target (executions, crashes) and writes them to findings/summary.tsv.
+# Built by scripts/sanitize_build.sh (clang, build-sanitize/, shared with scripts/asan.sh).
+# Env: FUZZ_SECONDS (60), FUZZ_TARGETS ("spec capsule import"), SANITIZE_BUILD_DIR.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=${SANITIZE_BUILD_DIR:-$root/build-sanitize}
+seconds=${FUZZ_SECONDS:-60}
+targets=(${FUZZ_TARGETS:-spec capsule import})
+log() { printf '[fuzz] %s\n' "$*" >&2; }
+
+build_targets=()
+for target in "${targets[@]}"; do build_targets+=("harness_fuzz_$target"); done
+"$root/scripts/sanitize_build.sh" "${build_targets[@]}"
+
+findings=$build_dir/findings
+mkdir -p "$findings"
+printf 'target\tseconds\texecutions\tcrashes\tcorpus\n' >"$findings/summary.tsv"
+failed=0
+for target in "${targets[@]}"; do
+  corpus=$build_dir/corpus/$target  # grows here; tests/fuzz/ holds the seeds only
+  mkdir -p "$corpus"
+  seeds=("$root/tests/fuzz/$target")
+  [[ $target == spec ]] && seeds+=("$root/experiments" "$root/tests/specs/bad" "$root/tests/cli")
+  log "$target: ${seconds}s from ${seeds[*]}"
+  output=$build_dir/$target.log
+  set +e
+  ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:${ASAN_OPTIONS:-}" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+    "$build_dir/tests/fuzz/harness_fuzz_$target" "$corpus" "${seeds[@]}" -max_total_time="$seconds" \
+    -timeout=20 -rss_limit_mb=3072 -max_len=65536 -print_final_stats=1 -artifact_prefix="$findings/$target-" \
+    >"$output" 2>&1
+  status=$?
+  set -e
+  executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$output" | tail -1)
+  crashes=$(find "$findings" -name "$target-*" -newer "$findings/summary.tsv" | wc -l)
+  printf '%s\t%s\t%s\t%s\t%s\n' "$target" "$seconds" "${executions:-0}" "$crashes" "$(ls "$corpus" | wc -l)" \
+    >>"$findings/summary.tsv"
+  log "$target: ${executions:-?} executions, $crashes crash(es), exit $status"
+  if ((status != 0 || crashes > 0)); then
+    failed=1
+    grep -E 'ERROR|runtime error|SUMMARY|Test unit written' "$output" | head -20 >&2 || true
+  fi
+done
+column -t "$findings/summary.tsv" >&2 || cat "$findings/summary.tsv" >&2
+if ((failed)); then
+  log "findings in $findings: copy each into tests/fuzz/<target>/ as a regression input and fix the cause"
+  exit 1
+fi
