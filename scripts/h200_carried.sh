@@ -16,7 +16,7 @@ set -uo pipefail
 root=$PWD
 out=${OUT:-$root/out}
 mkdir -p "$out"
-built=${HARNESS_BUILT_ROOT:?the Debian build's source root}
+built=${HARNESS_BUILT_ROOT:?set HARNESS_BUILT_ROOT to the source root of the carried build}
 steps=" ${STEPS:-selftest tests bwd python slurm faults} "
 want() { [[ $steps == *" $1 "* ]]; }
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
@@ -29,7 +29,7 @@ if [[ $built != "$root" ]]; then
 fi
 build=$built/build
 mkdir -p "$build"/{harness,tests,bench,python,kernels/cuda}
-cp .gpu/bin/harness "$build/harness/"
+[[ -f .gpu/bin/harness ]] && cp .gpu/bin/harness "$build/harness/"
 for t in harness_unit_tests harness_torch_tests harness_cli_tests; do [[ -f .gpu/bin/$t ]] && cp .gpu/bin/$t "$build/tests/"; done
 for t in harness_bench_attention harness_mask_describe; do [[ -f .gpu/bin/$t ]] && cp .gpu/bin/$t "$build/bench/"; done
 [[ -f .gpu/bin/libharness_ops.so ]] && cp .gpu/bin/libharness_ops.so "$build/python/"
