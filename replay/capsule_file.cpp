@@ -413,8 +413,9 @@ CapsuleInfo read_safetensors(const std::string& path) {
     } catch (const nlohmann::json::exception& error) {
       throw CapsuleError(path + ": tensor " + name + ": malformed safetensors entry (" + error.what() + ")");
     }
-    if (std::any_of(tensor.shape.begin(), tensor.shape.end(), [](int64_t extent) { return extent < 0; }) ||
-        numel(tensor.shape) * *dtype_bytes(tensor.dtype) != tensor.bytes)
+    const std::optional<int64_t> elements = numel(tensor.shape);  // nullopt: a negative extent or overflow
+    if (!elements || *elements > std::numeric_limits<int64_t>::max() / *dtype_bytes(tensor.dtype) ||
+        *elements * *dtype_bytes(tensor.dtype) != tensor.bytes)
       throw CapsuleError(path + ": tensor " + name + ": " + std::to_string(tensor.bytes) + " bytes do not fit shape " +
                          shape_text(tensor.shape) + " of " + tensor.dtype);
     data_end = std::max(data_end, tensor.offset + tensor.bytes);
