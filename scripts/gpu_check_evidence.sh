@@ -25,7 +25,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${OUT:-$root/gpu_check_evidence.out}
 mkdir -p "$out"
 build_dir=${BUILD_DIR:-$root/build-h200}
-BUILD_TARGETS="harness" BUILD_DIR=$build_dir "$root/scripts/h200_build.sh" > "$out/build.log" 2>&1 ||
+# A harness already there (scripts/h200_carried.sh copies the carried one) is used as it is.
+[[ -x $build_dir/harness/harness ]] || BUILD_TARGETS="harness" BUILD_DIR=$build_dir "$root/scripts/h200_build.sh" > "$out/build.log" 2>&1 ||
   { echo "build failed (see $out/build.log)"; tail -30 "$out/build.log"; exit 2; }
 harness=$build_dir/harness/harness
 failures=0
