@@ -623,16 +623,22 @@ std::vector<int64_t> Store::settle_abandoned_runs() {
     abandoned_ = ids;
     return ids;
   }
-  for (const Run& run : gone) {
-    Transaction transaction(db_, path_, Transaction::Mode::kWrite, "mark run " + std::to_string(run.id) + " abandoned");
-    // Only while still running: its owner cannot come back, but another check may have been first.
-    Statement update(db_, path_,
-                     "UPDATE runs SET status = 'abandoned', error = ?2, finished_at = ?3 WHERE id = ?1 AND "
-                     "status = 'running'",
-                     "mark run " + std::to_string(run.id) + " abandoned");
-    update.bind_int(1, run.id).bind_text(2, abandoned_reason(run)).bind_text(3, now_iso8601());
-    update.run();
-    transaction.commit();
+  try {
+    for (const Run& run : gone) {
+      Transaction transaction(db_, path_, Transaction::Mode::kWrite, "mark run " + std::to_string(run.id) + " abandoned");
+      // Only while still running: its owner cannot come back, but another check may have been first.
+      Statement update(db_, path_,
+                       "UPDATE runs SET status = 'abandoned', error = ?2, finished_at = ?3 WHERE id = ?1 AND "
+                       "status = 'running'",
+                       "mark run " + std::to_string(run.id) + " abandoned");
+      update.bind_int(1, run.id).bind_text(2, abandoned_reason(run)).bind_text(3, now_iso8601());
+      update.run();
+      transaction.commit();
+    }
+  } catch (const DbError&) {
+    // The db cannot take the write now (a full disk, a lock held too long): show the runs as
+    // abandoned without writing, as for a read-only db; a later writer records it.
+    abandoned_ = ids;
   }
   return ids;
 }

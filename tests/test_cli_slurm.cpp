@@ -140,7 +140,8 @@ TEST_CASE("anchor_scaling's CPU profile through --slurm stores what a local run 
     CHECK(bad.exit_code == 2);
     CHECK(contains(bad.err, "truncated.db"));
     const std::string other_db = (box.dir / "other.db").string();
-    REQUIRE(box.harness("runs --db " + other_db).exit_code == 0);  // an empty db of its own
+    std::ofstream(other_db).close();  // an empty db of its own (reading commands create none)
+    REQUIRE(box.harness("runs --db " + other_db).exit_code == 0);
     const Result foreign = box.harness("db merge " + first_shard + " --into " + other_db);
     CHECK(foreign.exit_code == 2);
     CHECK(contains(foreign.err, "task-0.attempt-0.db"));
@@ -220,7 +221,7 @@ TEST_CASE("tasks cancelled beyond their retries leave not_run trials with Slurm'
   CHECK(contains(show.out, "not_run"));
 }
 
-TEST_CASE("--slurm-dry-run prints a commented batch script and writes nothing", "[cli]") {
+TEST_CASE("a --slurm-dry-run prints a commented batch script and writes nothing", "[cli]") {
   Sandbox box;
   const Result dry = box.harness("run anchor_scaling --device cpu --slurm-dry-run --partition gpu --time 00:30:00 "
                                  "--gpus-per-task 1 --mem 32G --array-parallel 4 --trials-per-task 2 --db " + box.db());

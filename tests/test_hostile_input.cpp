@@ -87,7 +87,7 @@ TEST_CASE("a spec of 100 000 nested brackets is refused with its path, not a sta
   CHECK(inside.issues()[0].path.rfind("params.a.0.0", 0) == 0);
 }
 
-TEST_CASE("--set with 60 000 nested brackets is refused naming the override", "[hostile]") {
+TEST_CASE("a --set with 60 000 nested brackets is refused naming the override", "[hostile]") {
   const std::string value = std::string(60000, '[') + std::string(60000, ']');
   const SpecError error = load_error(read_text(kBwdFusion), {"name=" + value});
   REQUIRE(error.issues().size() == 1);
