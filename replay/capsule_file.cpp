@@ -163,7 +163,10 @@ std::string read_safetensors_header(const File& in, CapsuleInfo& info) {
     throw CapsuleError(path + ": corrupt header: __metadata__.capsule is not a capsule header with a tensor list");
   // Every tensor safetensors would load is one the capsule lists, at the same place.
   size_t listed = 0;
-  for (const auto& [name, entry] : layout.items()) {
+  for (const auto& item : layout.items()) {
+    // Named, not structured bindings: clang 14 (the sanitizer build) cannot capture those in a lambda.
+    const std::string& name = item.key();
+    const nlohmann::json& entry = item.value();
     if (name == kSafetensorsMetadataKey) continue;
     ++listed;
     const auto ours = std::find_if(header["tensors"].begin(), header["tensors"].end(),
