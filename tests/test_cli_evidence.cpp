@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/catch.h"
+#include "tests/cli_db_sandbox.h"
 #include "tests/cli_support.h"
 
 namespace {
@@ -19,17 +20,9 @@ namespace fs = std::filesystem;
 using harness::test::Result;
 using harness::test::slurp;
 
-struct Sandbox : harness::test::Sandbox {
-  Sandbox() : harness::test::Sandbox("harness-cli-evidence") {}
-  Result harness(const std::string& args) const {
-    return harness::test::Sandbox::harness(args + " --db " + db(), "HARNESS_ALLOW_FAULTS=1");
-  }
-  nlohmann::json json(const std::string& args) const {
-    const Result result = harness(args + " --json");
-    INFO(args << "\n" << result.err);
-    REQUIRE(result.exit_code == 0);
-    return nlohmann::json::parse(result.out);
-  }
+// A scratch folder per test holding the db, its artifacts and the captured output.
+struct Sandbox : harness::test::DbSandbox {
+  Sandbox() : harness::test::DbSandbox("harness-cli-evidence") {}
 };
 
 const std::string kReplaySmall = std::string(HARNESS_TEST_DATA_DIR) + "/cli/replay_small.json";
