@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -63,10 +64,139 @@ class BoundedReader final : public caffe2::serialize::ReadAdapterInterface {
   const std::vector<char>& bytes_;
 };
 
+uint64_t little_endian(const std::vector<char>& bytes, size_t at, int count) {
+  uint64_t value = 0;
+  for (int i = count - 1; i >= 0; --i) value = (value << 8) | static_cast<unsigned char>(bytes[at + static_cast<size_t>(i)]);
+  return value;
+}
+
+// LibTorch trusts the sizes a file declares: the zip directory's size of a record is allocated
+// before the record is read, and so is the length of every string the pickle announces (found by
+// scripts/fuzz.sh: a 9.6 KB file whose pickle announced a 3.59 GB string; input in
+// tests/fuzz/import/). These two checks run first and refuse a file whose declared sizes exceed
+// the file itself, so no allocation is larger than the file that asks for it.
+//
+// 1. Every entry of the zip's central directory: stored (torch.save does not compress), and its
+//    size (zip64's when the 32-bit field says so) within the file.
+void check_zip_sizes(const std::vector<char>& bytes, const std::string& where) {
+  const size_t n = bytes.size();
+  const auto refuse = [&](const std::string& what) {
+    throw CapsuleError(where + ": not a torch.save file this reader trusts: " + what);
+  };
+  if (n < 22) refuse("shorter than a zip's end record");
+  // The end-of-central-directory record: the last "PK\5\6" within the final 64 KiB + 22 bytes.
+  size_t end = std::string::npos;
+  for (size_t at = n - 22 + 1; at-- > 0 && n - at <= 65557;)
+    if (little_endian(bytes, at, 4) == 0x06054b50) { end = at; break; }
+  if (end == std::string::npos) refuse("no zip end-of-central-directory record");
+  uint64_t entries = little_endian(bytes, end + 10, 2);
+  uint64_t directory = little_endian(bytes, end + 16, 4);
+  if (entries == 0xffff || directory == 0xffffffff) {  // zip64: its locator sits just before
+    if (end < 20 || little_endian(bytes, end - 20, 4) != 0x07064b50) refuse("a zip64 archive without its locator");
+    const uint64_t record = little_endian(bytes, end - 20 + 8, 8);
+    if (record > n - 56 || n < 56 || little_endian(bytes, record, 4) != 0x06064b50) refuse("a damaged zip64 end record");
+    entries = little_endian(bytes, record + 32, 8);
+    directory = little_endian(bytes, record + 48, 8);
+  }
+  if (directory > n) refuse("the zip directory starts past the end of the file");
+  if (entries > n / 46) refuse(std::to_string(entries) + " zip entries declared in a file of " + std::to_string(n) + " bytes");
+  size_t at = directory;
+  for (uint64_t entry = 0; entry < entries; ++entry) {
+    if (at > n || n - at < 46 || little_endian(bytes, at, 4) != 0x02014b50) refuse("a damaged zip directory entry");
+    const uint64_t method = little_endian(bytes, at + 10, 2);
+    uint64_t compressed = little_endian(bytes, at + 20, 4), size = little_endian(bytes, at + 24, 4);
+    const size_t name = little_endian(bytes, at + 28, 2), extra = little_endian(bytes, at + 30, 2),
+                 comment = little_endian(bytes, at + 32, 2);
+    if (n - at - 46 < name + extra + comment) refuse("a zip directory entry runs past the end of the file");
+    const std::string entry_name(bytes.data() + at + 46, name);
+    if (size == 0xffffffff || compressed == 0xffffffff) {  // zip64 extended information: 8-byte sizes
+      for (size_t field = at + 46 + name; field + 4 <= at + 46 + name + extra;) {
+        const uint64_t id = little_endian(bytes, field, 2), length = little_endian(bytes, field + 2, 2);
+        if (field + 4 + length > at + 46 + name + extra) break;
+        if (id == 0x0001) {
+          size_t value = field + 4;
+          if (size == 0xffffffff && value + 8 <= field + 4 + length) size = little_endian(bytes, value, 8), value += 8;
+          if (compressed == 0xffffffff && value + 8 <= field + 4 + length) compressed = little_endian(bytes, value, 8);
+        }
+        field += 4 + length;
+      }
+    }
+    if (method != 0) refuse("record '" + entry_name + "' is compressed (method " + std::to_string(method) + "); torch.save stores");
+    if (size > n || compressed > n)
+      refuse("record '" + entry_name + "' declares " + std::to_string(std::max(size, compressed)) + " bytes in a file of " +
+             std::to_string(n));
+    at += 46 + name + extra + comment;
+  }
+}
+
+// 2. The pickle (data.pkl): walks its opcodes (the protocol-2 set torch.save writes and LibTorch's
+//    unpickler reads) and checks each length it announces against the bytes that are left. An
+//    opcode outside that set is refused here, as LibTorch's unpickler would refuse it.
+void check_pickle_lengths(const char* data, size_t n, const std::string& where) {
+  size_t at = 0;
+  const auto need = [&](uint64_t count, size_t opcode_at, const char* what) {
+    if (count > n - at)
+      throw CapsuleError(where + ": data.pkl byte " + std::to_string(opcode_at) + ": " + what + " of " + std::to_string(count) +
+                         " bytes, but only " + std::to_string(n - at) + " of " + std::to_string(n) + " are left");
+    at += static_cast<size_t>(count);
+  };
+  const auto number = [&](int count, size_t opcode_at) {
+    need(static_cast<uint64_t>(count), opcode_at, "an argument");
+    uint64_t value = 0;
+    for (int i = count - 1; i >= 0; --i) value = (value << 8) | static_cast<unsigned char>(data[at - static_cast<size_t>(count) + static_cast<size_t>(i)]);
+    return value;
+  };
+  const auto line = [&](size_t opcode_at) {
+    const void* newline = std::memchr(data + at, '\n', n - at);
+    if (!newline) throw CapsuleError(where + ": data.pkl byte " + std::to_string(opcode_at) + ": a GLOBAL without its newline");
+    at = static_cast<size_t>(static_cast<const char*>(newline) - data) + 1;
+  };
+  while (at < n) {
+    const size_t opcode_at = at;
+    const auto opcode = static_cast<unsigned char>(data[at++]);
+    switch (opcode) {
+      case '.': return;                                                        // STOP
+      case 0x80: case 'K': case 'q': case 'h': need(1, opcode_at, "an argument"); break;
+      case 'M': need(2, opcode_at, "an argument"); break;
+      case 'J': case 'r': case 'j': need(4, opcode_at, "an argument"); break;
+      case 'G': need(8, opcode_at, "a float"); break;                           // BINFLOAT
+      case 0x95: need(8, opcode_at, "a frame length"); break;                   // FRAME
+      case 0x8a: need(number(1, opcode_at), opcode_at, "a LONG1 integer"); break;
+      case 0x8b: need(number(4, opcode_at), opcode_at, "a LONG4 integer"); break;
+      case 'X': need(number(4, opcode_at), opcode_at, "a string"); break;       // BINUNICODE
+      case 'B': need(number(4, opcode_at), opcode_at, "a bytes value"); break;  // BINBYTES
+      case 0x8c: case 'C': case 'U': need(number(1, opcode_at), opcode_at, "a short string"); break;
+      case 'T': need(number(4, opcode_at), opcode_at, "a string"); break;       // BINSTRING
+      case 0x8d: case 0x8e: case 0x96: need(number(8, opcode_at), opcode_at, "an 8-byte-length value"); break;
+      case 'c': line(opcode_at); line(opcode_at); break;                         // GLOBAL module\nname\n
+      case '}': case ']': case ')': case '(': case 's': case 'u': case 'a': case 'e': case 't': case 'l': case 'd':
+      case 0x85: case 0x86: case 0x87: case 'N': case 0x88: case 0x89: case 'R': case 'b': case 'Q': case 0x81:
+      case 0x94: case '0': case '2': case '1': case 0x8f: case 0x90: case 0x91: case 0x92: case 0x93:
+        break;                                                                  // no argument
+      default: {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%02x", opcode);
+        throw CapsuleError(where + ": data.pkl byte " + std::to_string(opcode_at) + ": opcode " + hex +
+                           " is not one torch.save writes");
+      }
+    }
+  }
+  throw CapsuleError(where + ": data.pkl ends without STOP");
+}
+
 // What torch::jit::pickle_load does (a torch.save zip: its "data.pkl" and tensors), through the
-// bounded reader.
-c10::IValue load_pickle(const std::vector<char>& bytes) {
+// bounded reader, after the size checks above.
+c10::IValue load_pickle(const std::vector<char>& bytes, const std::string& where) {
+  check_zip_sizes(bytes, where);
   caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BoundedReader>(bytes));
+  std::string pickle;
+  for (const std::string& record : reader.getAllRecords())
+    if (record == "data.pkl") {
+      const auto [data, size] = reader.getRecord(record);
+      check_pickle_lengths(static_cast<const char*>(data.get()), size, where);
+      pickle = "checked";
+    }
+  if (pickle.empty()) throw CapsuleError(where + ": a zip without data.pkl: not a torch.save file");
   return torch::jit::readArchiveAndTensors("data", "", "", std::nullopt, std::nullopt, std::nullopt, reader);
 }
 
@@ -93,7 +223,7 @@ ImportedStep import_step_file(const std::string& step_path, const std::string& d
   } else {
     c10::IValue value;
     try {
-      value = load_pickle(read_bytes(step_path));  // bounds-checked: pickle_load reads past a hostile zip
+      value = load_pickle(read_bytes(step_path), where);  // bounds-checked: pickle_load reads past a hostile zip
     } catch (const CapsuleError&) {
       throw;
     } catch (const c10::Error& error) {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -207,4 +208,55 @@ TEST_CASE("a step saved from Python imports, replays and matches the reference",
   const Result bad = box.harness("replay --import " + (box.dir / "bad.pt").string() + " --device cpu");
   CHECK(bad.exit_code == 2);
   CHECK(bad.err.find("torch.save") != std::string::npos);
+}
+
+// `harness db check | vacuum | prune` on a run with kept capsules: an orphaned file is found by check,
+// kept by vacuum --dry-run and removed by vacuum; prune --dry-run names the capsules of old runs and
+// removes nothing, prune removes them (rows and files; runs and metrics stay); a bad age is exit 2.
+TEST_CASE("db vacuum removes orphaned files and prune removes the capsules of old runs", "[cli][db]") {
+  Sandbox box;
+  const auto run = box.json("run " + kReplaySmall + " --device cpu --keep-capsules");
+  // prune's default kinds: the step capsules and the kept outputs of the passing trials.
+  std::vector<fs::path> capsules;
+  for (const auto& artifact : run["artifacts"])
+    if (artifact["kind"] == "capsule" || artifact["kind"] == "outputs")
+      capsules.push_back(box.dir / artifact["path"].get<std::string>());
+  REQUIRE(capsules.size() == 5);  // 3 trials' step capsules, the 2 passing trials' outputs
+  const fs::path orphan = capsules.front().parent_path() / "left-behind.capsule";
+  { std::ofstream(orphan) << std::string(5000, 'x'); }
+
+  const auto check = box.json("db check");
+  REQUIRE(check["orphaned_files"].size() == 1);
+  CHECK(check["orphaned_files"][0]["bytes"] == 5000);
+  CHECK(box.json("db vacuum --dry-run")["orphaned_files"] == 1);
+  CHECK(fs::exists(orphan));
+  const auto vacuum = box.json("db vacuum");
+  CHECK(vacuum["removed_files"] == 1);
+  CHECK(vacuum["removed_bytes"] == 5000);
+  CHECK_FALSE(fs::exists(orphan));
+  for (const auto& capsule : capsules) CHECK(fs::exists(capsule));  // recorded artifacts stay
+
+  // The run started a moment ago: not older than a day; --older-than 0s includes it (the cutoff
+  // has whole seconds).
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  CHECK(box.json("db prune --older-than 1d")["artifacts"] == 0);
+  const auto dry = box.json("db prune --older-than 0s --dry-run");
+  CHECK(dry["artifacts"] == 5);
+  CHECK(dry["runs"] == 1);
+  for (const auto& capsule : capsules) CHECK(fs::exists(capsule));
+  const auto prune = box.json("db prune --older-than 0s");
+  CHECK(prune["artifacts"] == 5);
+  CHECK(prune["removed_files"] == 5);
+  for (const auto& capsule : capsules) CHECK_FALSE(fs::exists(capsule));
+  const auto shown = box.json("show " + std::to_string(run["run"]["id"].get<int64_t>()));
+  CHECK(shown["trials"].size() == run["trials"].size());
+  for (const auto& artifact : shown["artifacts"]) {
+    CHECK(artifact["kind"] != "capsule");
+    CHECK(artifact["kind"] != "outputs");
+  }
+  CHECK(box.json("db check")["missing_files"].empty());
+
+  const Result bad = box.harness("db prune --older-than soon");
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.err.find("soon") != std::string::npos);
 }

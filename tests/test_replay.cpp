@@ -337,6 +337,48 @@ TEST_CASE("a step saved with torch.save imports as a capsule and replays", "[rep
   }
 }
 
+// Hostile torch.save files: LibTorch allocates what a file declares (the zip directory's record
+// sizes, the lengths of the pickle's strings) before reading it. Every input the import fuzzer
+// keeps (tests/fuzz/import/) is imported or refused with CapsuleError, and the declared sizes are
+// checked against the file before LibTorch sees them.
+TEST_CASE("a torch.save file that declares more bytes than it has is refused before any allocation", "[replay][hostile]") {
+  TempDir dir;
+  const fs::path corpus = fs::path(HARNESS_TEST_DATA_DIR) / "fuzz" / "import";
+  size_t inputs = 0;
+  for (const auto& entry : fs::directory_iterator(corpus)) {
+    INFO(entry.path().string());
+    try {
+      replay::import_step_file(entry.path().string(), dir.file("artifacts"));
+    } catch (const replay::CapsuleError&) {
+    }
+    ++inputs;
+  }
+  CHECK(inputs >= 3);
+  // The fuzzer's out-of-memory input: a 9.6 KB file whose pickle announces a 3.59 GB string.
+  const std::string oom = error_of(
+      [&] { replay::import_step_file((corpus / "regression-pickle-string-length.pt").string(), dir.path); });
+  CHECK(oom.find("a string of 3590324227 bytes, but only") != std::string::npos);
+
+  // A well-formed file whose zip directory then claims 3 GB for data.pkl.
+  c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
+  entries.insert("q", at::zeros({1, 1, 16, 8}));
+  entries.insert("meta", std::string("{}"));
+  std::vector<char> bytes = torch::jit::pickle_save(entries);
+  const std::string text(bytes.begin(), bytes.end());
+  bool patched = false;
+  for (size_t at = text.find("PK\x01\x02"); at != std::string::npos; at = text.find("PK\x01\x02", at + 4)) {
+    const uint16_t name_length = static_cast<uint8_t>(text[at + 28]) | static_cast<uint8_t>(text[at + 29]) << 8;
+    if (text.compare(at + 46, name_length, "archive/data.pkl") != 0) continue;
+    const uint32_t huge = 3000000000u;
+    for (int i = 0; i < 4; ++i) bytes[at + 24 + i] = static_cast<char>(huge >> (8 * i));
+    patched = true;
+  }
+  REQUIRE(patched);
+  std::ofstream(dir.file("huge.pt"), std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  CHECK(error_of([&] { replay::import_step_file(dir.file("huge.pt"), dir.path); })
+            .find("record 'archive/data.pkl' declares 3000000000 bytes in a file of") != std::string::npos);
+}
+
 // A capsule written by the version 1 writer (before capsules became safetensors files), kept under
 // tests/data/capsule_v1 (the step of tests/cli/replay_small.json's dims, seeded random inputs): it
 // still verifies, loads and replays, and replays bit for bit like the same step re-written now.
