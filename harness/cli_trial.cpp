@@ -11,6 +11,7 @@
 
 #include "trials/run_trial.h"
 #include "experiments/spec.h"
+#include "core/crash_report.h"
 #include "core/files.h"
 #include "harness/cli.h"
 #include "harness/env.h"
@@ -74,6 +75,7 @@ Action add_trial_command(CLI::App& app, GlobalOptions& options) {
   command->add_option("--deadline-s", args->deadline_s, "End the trial (status timeout) after this many seconds");
   add_global_options(*command, options);
   return [args] {
+    install_crash_report("harness __trial");  // a `crashed` trial keeps its native backtrace
     start_deadline(args->deadline_s, args->context.result_path);
     const auto resolved = nlohmann::json::parse(read_file(args->spec_path));
     const spec::Spec spec = spec::parse_spec(resolved, args->spec_path, args->context.allow_faults);

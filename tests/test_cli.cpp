@@ -133,11 +133,21 @@ TEST_CASE("trials that crash, abort, throw, run out of memory or hang are record
   REQUIRE(segfault != nullptr);
   CHECK((*segfault)["status"] == "crashed");
   CHECK((*segfault)["signal"] == SIGSEGV);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // The child printed its native backtrace before dying (core/crash_report.h): the stderr tail
+  // says where, down to the fault injection's frame.
+  const std::string tail = (*segfault)["stderr_tail"].get<std::string>();
+  CHECK(tail.find("harness __trial: fatal signal SEGV; native backtrace") != std::string::npos);
+  CHECK(tail.find("harness(") != std::string::npos);
+#endif
 
   const auto* aborted = trial_of(json, "abort");
   REQUIRE(aborted != nullptr);
   CHECK((*aborted)["status"] == "crashed");
   CHECK((*aborted)["signal"] == SIGABRT);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  CHECK((*aborted)["stderr_tail"].get<std::string>().find("fatal signal ABRT") != std::string::npos);
+#endif
 
   const auto* thrown = trial_of(json, "throw");
   REQUIRE(thrown != nullptr);
