@@ -427,7 +427,19 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
         history.stop();
       }
     } catch (const c10::OutOfMemoryError&) {
-      if (device.is_cuda() && !context.artifact_dir.empty()) keep_snapshot(history, context, record);
+      if (device.is_cuda() && !context.artifact_dir.empty()) {
+        try {
+          bool at_the_oom = false;
+          if (const auto snapshot = history.save_at_oom(context.artifact_dir, &at_the_oom)) {
+            record.evidence.push_back(*snapshot);
+            if (!at_the_oom)
+              record.evidence_errors["memory_snapshot"] =
+                  "taken after the failing step unwound (the allocator's OOM observer took none): its blocks are freed";
+          }
+        } catch (const std::exception& error) {
+          record.evidence_errors["memory_snapshot"] = error.what();
+        }
+      }
       throw;
     }
   }

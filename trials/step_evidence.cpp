@@ -1,6 +1,7 @@
 #include "trials/step_evidence.h"
 
 #include <torch/csrc/autograd/profiler_kineto.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
 
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -37,10 +39,52 @@ ArtifactRef store_artifact(const std::string& kind, const std::string& dir, cons
   return {kind, sha, path, static_cast<int64_t>(bytes.size())};
 }
 
+// The snapshot taken by the caching allocator's out-of-memory observer: at the moment an
+// allocation fails, before the exception unwinds the step and frees its tensors (a snapshot taken
+// in the catch block shows the failing step's blocks already freed). The allocator calls its
+// observers after releasing its lock, so the observer can snapshot it (PyTorch's documented
+// pattern: torch._C._cuda_attach_out_of_memory_observer). Observers cannot be detached: one is
+// attached per process and armed by the AllocatorHistory that is alive.
+struct OomCapture {
+  std::mutex mutex;
+  bool armed = false;
+  std::optional<std::string> snapshot;
+};
+
+OomCapture& oom_capture() {
+  static OomCapture capture;
+  return capture;
+}
+
+void attach_oom_observer() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    c10::cuda::CUDACachingAllocator::attachOutOfMemoryObserver([](int64_t, size_t, size_t, size_t) {
+      OomCapture& capture = oom_capture();
+      std::lock_guard<std::mutex> lock(capture.mutex);
+      if (!capture.armed || capture.snapshot) return;  // the first OOM of the step is the one to explain
+      try {
+        capture.snapshot = torch::cuda::_memory_snapshot_pickled();
+      } catch (...) {
+        // No snapshot at the OOM; save_at_oom() falls back to one taken after it.
+      }
+    });
+  });
+}
+
+void arm_oom_capture(bool armed) {
+  OomCapture& capture = oom_capture();
+  std::lock_guard<std::mutex> lock(capture.mutex);
+  capture.armed = armed;
+  capture.snapshot.reset();
+}
+
 }  // namespace
 
 AllocatorHistory::AllocatorHistory(const at::Device& device) {
   if (!device.is_cuda()) return;
+  attach_oom_observer();
+  arm_oom_capture(true);
   // "all": allocations, frees and segment events; no context (stack traces) and a bounded ring.
   torch::cuda::_record_memory_history(std::optional<std::string>("all"), std::nullopt, "python", kMaxHistoryEntries,
                                       /*clearHistory=*/true);
@@ -49,6 +93,7 @@ AllocatorHistory::AllocatorHistory(const at::Device& device) {
 }
 
 AllocatorHistory::~AllocatorHistory() {
+  if (stored_) arm_oom_capture(false);
   try {
     stop();
   } catch (...) {
@@ -72,6 +117,20 @@ void AllocatorHistory::stop() {
 std::optional<ArtifactRef> AllocatorHistory::save(const std::string& dir) const {
   if (!stored_ || dir.empty()) return std::nullopt;
   return store_artifact("memory_snapshot", dir, torch::cuda::_memory_snapshot_pickled(), kSnapshotExtension);
+}
+
+std::optional<ArtifactRef> AllocatorHistory::save_at_oom(const std::string& dir, bool* at_the_oom) const {
+  if (at_the_oom) *at_the_oom = false;
+  if (!stored_ || dir.empty()) return std::nullopt;
+  std::optional<std::string> captured;
+  {
+    OomCapture& capture = oom_capture();
+    std::lock_guard<std::mutex> lock(capture.mutex);
+    captured.swap(capture.snapshot);
+  }
+  if (!captured) return save(dir);
+  if (at_the_oom) *at_the_oom = true;
+  return store_artifact("memory_snapshot", dir, *captured, kSnapshotExtension);
 }
 
 StepProfiler::~StepProfiler() {

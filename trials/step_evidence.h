@@ -41,6 +41,10 @@ class AllocatorHistory {
   //! Writes the snapshot (`_memory_snapshot_pickled`) as <dir>/<sha256>.snapshot.pickle; nullopt
   //! when nothing was recorded. Throws std::runtime_error when the file cannot be written.
   std::optional<ArtifactRef> save(const std::string& dir) const;
+  //! After a c10::OutOfMemoryError: writes the snapshot the allocator's OOM observer took at the
+  //! failing allocation, while the step's tensors were still alive (`*at_the_oom` = true), else
+  //! one taken now (after the unwinding freed them). Throws like save().
+  std::optional<ArtifactRef> save_at_oom(const std::string& dir, bool* at_the_oom = nullptr) const;
 
  private:
   bool recording_ = false;
