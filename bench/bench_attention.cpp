@@ -16,6 +16,10 @@
 // Memory: in a separate synchronized step, peak bytes allocated by the caching allocator during
 // the op minus what was allocated before it (the op's own extra memory: outputs, saved tensors,
 // scratch; for the backward the gradients and scratch).
+// Host: host_fwd_us / host_bwd_us, the host's own time per call (steady clock around the call in
+// steady state, GPU kept busy); phase_fwd_ms / phase_bwd_ms, each op timed as the harness's phase
+// timer does (host synchronized first, so the host work before the first launch is inside the
+// events): its excess over fwd_ms / bwd_ms is what the host side costs a measured phase.
 // FLOPs count visible (q, kv) pairs only: fwd 4 * pairs * D, bwd 10 * pairs * D (2 and 5 matmuls
 // of 2 FLOPs per multiply-add), summed over batch and heads.
 
@@ -29,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -135,6 +140,36 @@ json bench_impl(const Options& o, AttentionImpl impl, MaskContext& mask, int64_t
     bwd_ms.push_back(events[4 * rep + 2].elapsed_time(events[4 * rep + 3]));
   }
 
+  // Host pass: the host's own time per call (steady clock around the call, the GPU kept busy by
+  // the L2 flush so that no call waits for it), and the phase as the harness times it: the host
+  // synchronized before the first event, so the host work before the first launch is inside the
+  // events (trials/memory.h PhaseTimer). Its excess over the back-to-back time is what the host
+  // side costs a measured phase.
+  std::vector<double> host_fwd_us, host_bwd_us, phase_fwd_ms, phase_bwd_ms;
+  for (int rep = 0; rep < total; ++rep) {
+    const at::Tensor ql = leaf(q), kl = leaf(k), vl = leaf(v);
+    flush.fill_(rep & 0xff);
+    c10::cuda::device_synchronize();
+    events[4 * rep].record(stream);
+    auto start = std::chrono::steady_clock::now();
+    at::Tensor out = harness::kernels::attention(ql, kl, vl, mask, options);
+    const double fwd_host = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    events[4 * rep + 1].record(stream);
+    flush.fill_(rep & 0xff);
+    c10::cuda::device_synchronize();
+    events[4 * rep + 2].record(stream);
+    start = std::chrono::steady_clock::now();
+    out.backward(dout);
+    const double bwd_host = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    events[4 * rep + 3].record(stream);
+    events[4 * rep + 3].synchronize();
+    if (rep < 3) continue;
+    host_fwd_us.push_back(fwd_host);
+    host_bwd_us.push_back(bwd_host);
+    phase_fwd_ms.push_back(events[4 * rep].elapsed_time(events[4 * rep + 1]));
+    phase_bwd_ms.push_back(events[4 * rep + 2].elapsed_time(events[4 * rep + 3]));
+  }
+
   // Memory pass: one more step, synchronized, with the allocator's peak reset before each op.
   const at::Tensor ql = leaf(q), kl = leaf(k), vl = leaf(v);
   c10::cuda::device_synchronize();
@@ -164,6 +199,10 @@ json bench_impl(const Options& o, AttentionImpl impl, MaskContext& mask, int64_t
           {"bwd_ms", bwd},
           {"fwd_ms_all", fwd_ms},
           {"bwd_ms_all", bwd_ms},
+          {"host_fwd_us", median(host_fwd_us)},
+          {"host_bwd_us", median(host_bwd_us)},
+          {"phase_fwd_ms", median(phase_fwd_ms)},
+          {"phase_bwd_ms", median(phase_bwd_ms)},
           {"fwd_peak_bytes", fwd_peak},
           {"bwd_peak_bytes", bwd_peak},
           {"fwd_tflops", 4.0 * flop_pairs / (fwd * 1e-3) / 1e12},

@@ -161,6 +161,14 @@ int64_t cuda_bwd_scratch(const Dims& d) {
       .bytes;
 }
 
+//! The backward's kept CTA schedule (kernels/cuda/fused_attention_cuda.cpp keeps two with the
+//! mask: the merged one of wgmma and mma, and wgmma_atomic's), 8 bytes per CTA.
+int64_t cuda_bwd_schedule(const Dims& d) {
+  const auto layout = tiling::bwd_scratch(d.batch, d.heads, d.kv_heads, d.q_len, ceil_div(d.q_len, cuda_dq_tile(d).block_m),
+                                          ceil_div(d.kv_len, cuda_dkdv_tile(d).block_n));
+  return tiling::align_scratch((layout.dkdv_ctas + layout.dq_ctas) * tiling::kWorkItemBytes);
+}
+
 //! The eight int32 tensors of a BlockMask (kernels/block_mask.h): counts per q block and per kv
 //! block, and the index lists, each [blocks, other blocks].
 std::vector<int64_t> block_mask_parts(int64_t q_blocks, int64_t kv_blocks) {
@@ -250,6 +258,14 @@ class StepBuilder {
         if (!built.insert({tile.block_m, tile.block_n}).second) continue;
         block_mask(tile.block_m, tile.block_n);
       }
+      // The CTA schedules, kept with the mask after the first call builds them: the forward's
+      // kernel's, and the backward's two (merged, atomic).
+      trace_.alloc(trace_.kind("fwd schedule", {cuda_fwd_scratch(d_)}, "uint8", "CTAs·8, 256-aligned",
+                               "the forward's CTA schedule (kept with the mask)"));
+      const int bwd_schedule = trace_.kind("bwd schedule", {cuda_bwd_schedule(d_)}, "uint8", "CTAs·8, 256-aligned",
+                                           "a backward CTA schedule (two kept with the mask: merged and atomic)");
+      trace_.alloc(bwd_schedule);
+      trace_.alloc(bwd_schedule);
       return;
     }
     block_mask(spec_.mask_block, spec_.mask_block);

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <utility>
@@ -44,6 +45,18 @@ const BlockMask& MaskContext::block_mask(int64_t block_m, int64_t block_n, const
   if (cpu == block_masks_.end()) cpu = block_masks_.emplace(cpu_key, build_block_mask(mask_, block_m, block_n)).first;
   if (device.is_cpu()) return cpu->second;
   return block_masks_.emplace(key, cpu->second.to(device)).first->second;
+}
+
+std::shared_ptr<MaskContext::KeptBuffer> MaskContext::kept_buffer(const std::string& key, int64_t bytes,
+                                                                 const at::Device& device) {
+  const std::string full_key = key + "@" + device.str();
+  std::lock_guard lock(mutex_);
+  std::shared_ptr<KeptBuffer>& kept = kept_[full_key];
+  if (!kept || kept->tensor.numel() < bytes) {
+    kept = std::make_shared<KeptBuffer>();
+    kept->tensor = at::empty({std::max<int64_t>(bytes, 1)}, at::TensorOptions().dtype(at::kByte).device(device));
+  }
+  return kept;
 }
 
 namespace {

@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -45,11 +46,23 @@ class MaskContext {
   //! Dense boolean mask on `device` (cached).
   const at::Tensor& dense(const at::Device& device);
 
+  //! A device buffer kept with the mask, for what the kernels derive from its BlockMasks alone
+  //! (their CTA schedules, per launch shape): built by the first call, reused by the next ones.
+  //! Shared, so that an autograd graph keeps it after the MaskContext is gone.
+  struct KeptBuffer {
+    at::Tensor tensor;
+    std::atomic<bool> written{false};  //!< set by its user once the contents are in place
+  };
+  //! The buffer kept under `key` (which must name everything its contents depend on besides the
+  //! mask), allocated with `bytes` bytes on `device` at the first request.
+  std::shared_ptr<KeptBuffer> kept_buffer(const std::string& key, int64_t bytes, const at::Device& device);
+
  private:
   ResolvedMask mask_;
   std::mutex mutex_;
   std::map<std::tuple<int64_t, int64_t, std::string>, BlockMask> block_masks_;
   std::map<std::string, at::Tensor> anchors_, doc_id_, dense_;
+  std::map<std::string, std::shared_ptr<KeptBuffer>> kept_;
 };
 
 //! Tiling of the CPU fused kernel (also the BlockMask block sizes it asks for).

@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <iterator>
+#include <mutex>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda/attention_config.h"
@@ -50,9 +53,19 @@ void check_blocks(const BlockListParams& blocks, const TileShape& tile, const ch
   }
 }
 
+//! Raises a kernel's dynamic shared memory limit, once per (kernel, device, bytes) in the process:
+//! the attribute sticks, and setting it costs a driver call on every launch otherwise.
 template <class Kernel>
 void set_smem_limit(Kernel kernel, int bytes) {
+  int device = 0;
+  HARNESS_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::set<std::tuple<const void*, int, int>> done;
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, bytes);
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (done.count(key)) return;
   HARNESS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.insert(key);
 }
 
 //! Launches `kernel` as `ctas` CTAs of `threads` threads with `smem_bytes` of dynamic shared memory
@@ -125,10 +138,41 @@ CUtensorMap tensor_map(const TensorRef& t, int head_dim, int rows, int heads, in
   }
   const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), static_cast<cuuint32_t>(box_heads), 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  // A training loop passes the same tensors (the caching allocator hands the same addresses back)
+  // with the same shapes on every step: the last maps encoded are kept, keyed by everything that
+  // goes into them (a map is a pure function of these). One cache for the process (the backward
+  // runs on autograd's threads, the forward on the caller's), behind a mutex.
+  struct Entry {
+    const void* data;
+    cuuint64_t dims[4], strides[3];
+    cuuint32_t box[4];
+    CUtensorMap map;
+  };
+  constexpr int kEntries = 32;
+  static std::mutex mutex;
+  static Entry cache[kEntries];
+  static int used = 0, next = 0;
+  const std::lock_guard<std::mutex> lock(mutex);
+  for (int i = 0; i < used; ++i) {
+    const Entry& e = cache[i];
+    if (e.data == t.data && std::equal(dims, dims + 4, e.dims) && std::equal(strides, strides + 3, e.strides) &&
+        std::equal(box, box + 4, e.box))
+      return e.map;
+  }
   CUtensorMap map;
   const CUresult status = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, t.data, dims, strides, box,
                                                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status == CUDA_SUCCESS) {
+    Entry& e = cache[next];
+    e.data = t.data;
+    std::copy(dims, dims + 4, e.dims);
+    std::copy(strides, strides + 3, e.strides);
+    std::copy(box, box + 4, e.box);
+    e.map = map;
+    next = (next + 1) % kEntries;
+    used = std::max(used, next == 0 ? kEntries : next);
+  }
   if (status != CUDA_SUCCESS) {
     throw CudaError(std::string("fused_cuda attention: cuTensorMapEncodeTiled failed (CUresult ") + std::to_string(status) +
                     ") for " + what + ": dims [" + std::to_string(dims[0]) + ", " + std::to_string(dims[1]) + ", " +
@@ -187,11 +231,11 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
                                         params.blocks.num_q_blocks, params.kernel);
   if (ctas == 0) return;
   check_scratch(params.scratch, params.scratch_bytes, fwd_scratch_bytes(params.shape, params.blocks, params.kernel), "forward");
-  auto* schedule = static_cast<WorkItem*>(params.scratch);
+  WorkItem* schedule = params.schedule.items ? params.schedule.items : static_cast<WorkItem*>(params.scratch);
   // Cost of a q block: its kv blocks plus about one block's worth of Q load and epilogue.
   const device::WorkClass q_blocks{params.blocks.num_q_blocks, params.blocks.kv_num_blocks, params.blocks.full_kv_num_blocks,
                                    1, 1, static_cast<int32_t>(ctas / params.blocks.num_q_blocks)};
-  launch_schedule(device::WorkClass{}, q_blocks, schedule, stream);
+  if (!(params.schedule.items && params.schedule.written)) launch_schedule(device::WorkClass{}, q_blocks, schedule, stream);
   switch (params.kernel) {
     case FwdKernel::mma_m128_n64: return launch_fwd_mma<FwdConfig<kHeadDim>>(params, schedule, ctas, stream);
     case FwdKernel::wgmma_m128_n128:
@@ -221,7 +265,7 @@ void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, cons
     const int packs = (s.heads / s.kv_heads) / dkdv_tile.heads_packed;
     const device::WorkClass items{params.dkdv_blocks.num_kv_blocks, params.dkdv_blocks.q_num_blocks,
                                   params.dkdv_blocks.full_q_num_blocks, 5 * packs, 4, s.kv_heads * s.batch};
-    launch_schedule(items, device::WorkClass{}, scratch.schedule, stream);
+    if (!(params.schedule.items && params.schedule.written)) launch_schedule(items, device::WorkClass{}, scratch.schedule, stream);
     device::BwdTensorMaps maps;
     maps.q_dkdv = q_side_map(params.q, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "q");
     maps.dout_dkdv = q_side_map(params.dout, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "dout");
@@ -254,7 +298,7 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   device::BwdScratch scratch;
   scratch.row_stats = reinterpret_cast<float2*>(base + layout.row_stats);
   scratch.mask_rows = reinterpret_cast<device::QueryMaskRow*>(base + layout.mask_rows);
-  scratch.schedule = reinterpret_cast<WorkItem*>(base + layout.schedule);
+  scratch.schedule = params.schedule.items ? params.schedule.items : reinterpret_cast<WorkItem*>(base + layout.schedule);
   scratch.q_pad = static_cast<int>(tiling::padded_q_len(params.shape.q_len));
   scratch.dq_accum = layout.dq_accum_bytes ? reinterpret_cast<float*>(base + layout.dq_accum) : nullptr;
 
@@ -278,7 +322,7 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   const device::WorkClass dq_items{params.dq_blocks.num_q_blocks, params.dq_blocks.kv_num_blocks,
                                    params.dq_blocks.full_kv_num_blocks, 3, 3,
                                    (params.shape.heads / dq_tile.heads_packed) * params.shape.batch};
-  launch_schedule(dkdv_items, dq_items, scratch.schedule, stream);
+  if (!(params.schedule.items && params.schedule.written)) launch_schedule(dkdv_items, dq_items, scratch.schedule, stream);
 
   if (params.kernel == BwdKernel::mma) {
     return launch_kernel(device::attention_bwd_kernel<DkdvCfg, DqCfg>, "attention_bwd_kernel", ctas, DkdvCfg::kThreads,
@@ -335,6 +379,17 @@ FwdKernel default_fwd_kernel(const AttentionShape& shape) {
 size_t bwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks, const BlockListParams& dkdv_blocks,
                          BwdKernel kernel) {
   return static_cast<size_t>(bwd_layout(shape, dq_blocks, dkdv_blocks, kernel).bytes);
+}
+
+size_t fwd_schedule_bytes(const AttentionShape& shape, const BlockListParams& blocks, FwdKernel kernel) {
+  return fwd_scratch_bytes(shape, blocks, kernel);  // the forward's scratch is its schedule
+}
+
+size_t bwd_schedule_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks, const BlockListParams& dkdv_blocks,
+                          BwdKernel kernel) {
+  require_supported(shape);
+  const tiling::BwdScratch layout = bwd_layout(shape, dq_blocks, dkdv_blocks, kernel);
+  return static_cast<size_t>(tiling::align_scratch((layout.dkdv_ctas + layout.dq_ctas) * tiling::kWorkItemBytes));
 }
 
 TileShape fwd_tile_shape(const AttentionShape& shape, FwdKernel kernel) {

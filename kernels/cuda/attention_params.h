@@ -88,6 +88,15 @@ struct WorkItem {
   int32_t copy;
 };
 
+//! A launch's CTA schedule kept between calls. The schedule depends only on the block lists (a
+//! cached BlockMask never changes them) and the launch shape, so the caller may keep it: `items`
+//! points to room for it (schedule_bytes(...)), `written` says it already holds it and the launch
+//! skips the schedule kernel. With `items` null the schedule is built in the scratch every launch.
+struct ScheduleCache {
+  WorkItem* items = nullptr;
+  bool written = false;
+};
+
 //! Forward: o = softmax(scale * q k^T + mask) v, lse = logsumexp per row (natural log, -inf for
 //! rows that see nothing; their o is 0).
 struct FwdParams {
@@ -100,6 +109,7 @@ struct FwdParams {
   BlockListParams blocks;  //!< at fwd_tile_shape(shape, kernel)'s (block_m, block_n)
   void* scratch = nullptr;  //!< device scratch of fwd_scratch_bytes(...) bytes (the schedule)
   size_t scratch_bytes = 0;
+  ScheduleCache schedule;   //!< optional: the schedule kept between calls (then the scratch is unused)
 };
 
 //! Backward: dq, dk, dv from q, k, v, o, do and the forward's lse.
@@ -116,6 +126,7 @@ struct BwdParams {
   //! rows and the schedule. Its contents are internal to run_attention_bwd.
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
+  ScheduleCache schedule;  //!< optional: the schedule kept between calls (its part of the scratch unused)
 };
 
 //! A configuration these kernels do not implement (head_dim, alignment); the LibTorch boundary
@@ -165,6 +176,11 @@ size_t fwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& blo
 //! wgmma_atomic also needs its fp32 dQ accumulator there: 4 * B * H * q_pad * D bytes.
 size_t bwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks,
                          const BlockListParams& dkdv_blocks, BwdKernel kernel);
+//! Room for a kept ScheduleCache of the forward / backward (a few KB: 8 bytes per CTA). The
+//! backward's holds the merged dK/dV + dQ schedule of wgmma and mma, or wgmma_atomic's dK/dV one.
+size_t fwd_schedule_bytes(const AttentionShape& shape, const BlockListParams& blocks, FwdKernel kernel);
+size_t bwd_schedule_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks,
+                          const BlockListParams& dkdv_blocks, BwdKernel kernel);
 //! Human-readable tile configuration for dispatch records ("fwd wgmma_m128_n128: 128x128 (4 heads x 32 q) ...").
 std::string describe_fwd_config(const AttentionShape& shape, FwdKernel kernel);
 std::string describe_bwd_config(const AttentionShape& shape, BwdKernel kernel);

@@ -7,6 +7,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -51,6 +52,10 @@ struct FusedCudaState : torch::CustomClassHolder {
   kc::MaskParams mask;
   at::Tensor anchors, doc_id;
   BlockMask dq_blocks, dkdv_blocks;
+  //! The backward's CTA schedules kept with the mask (null under CUDA graph capture): the merged
+  //! dK/dV + dQ one of wgmma and mma, and wgmma_atomic's.
+  std::shared_ptr<MaskContext::KeptBuffer> bwd_schedule_merged, bwd_schedule_atomic;
+  cudaStream_t schedule_stream = nullptr;  //!< the stream they are built and read on
   float scale = 1.f;
   bool deterministic = false;
   DispatchTrace* trace = nullptr;
@@ -224,9 +229,50 @@ KernelPick pick_kernel(const std::string& requested, const char* env_name, const
     return {forced, "forced by " + source};
   }
   if (!autotune_enabled()) return {fallback, "default (HARNESS_AUTOTUNE=off)"};
-  const Choice choice = device_autotuner(device).choose(key, names, time);
-  return {choice.config, std::string("autotuned (") + choice_source_name(choice.source) + ", key " + key.canonical() +
-                             "): " + timings_text(choice)};
+  // Hot path: a key seen before in this process gets the pick the autotuner already made, with the
+  // text it would give (source "memory"), without asking it again or formatting the timings anew.
+  static std::mutex memo_mutex;
+  static std::map<std::pair<std::string, int>, KernelPick> memo;
+  auto memo_key = std::make_pair(key.canonical(), device);
+  {
+    const std::lock_guard<std::mutex> lock(memo_mutex);
+    const auto found = memo.find(memo_key);
+    if (found != memo.end()) return found->second;
+  }
+  Choice choice = device_autotuner(device).choose(key, names, time);
+  const std::string head = ", key " + memo_key.first + "): " + timings_text(choice);
+  KernelPick pick{choice.config, std::string("autotuned (") + choice_source_name(choice.source) + head};
+  {
+    const std::lock_guard<std::mutex> lock(memo_mutex);
+    memo.emplace(std::move(memo_key),
+                 KernelPick{choice.config, std::string("autotuned (") + choice_source_name(ChoiceSource::memory) + head});
+  }
+  return pick;
+}
+
+//! Whether `stream` is capturing a CUDA graph: then nothing is kept between calls (a graph may be
+//! replayed after the MaskContext that would hold it is gone), the schedules are built in the
+//! call's scratch as part of the graph.
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  HARNESS_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+//! The key of a kept schedule: what it depends on besides the mask (the launch shape, the kernel),
+//! and the stream it is built and read on (so that no launch reads it before it is written).
+std::string schedule_key(const char* what, const kc::AttentionShape& s, cudaStream_t stream) {
+  return std::string(what) + " b" + std::to_string(s.batch) + " h" + std::to_string(s.heads) + " kv" +
+         std::to_string(s.kv_heads) + " d" + std::to_string(s.head_dim) + " stream " +
+         std::to_string(reinterpret_cast<uintptr_t>(stream));
+}
+
+//! Points `cache` at a kept schedule (or leaves it empty without one).
+void use_schedule(const std::shared_ptr<MaskContext::KeptBuffer>& kept, kc::ScheduleCache& cache) {
+  cache = {};
+  if (!kept) return;
+  cache.items = static_cast<kc::WorkItem*>(kept->tensor.data_ptr());
+  cache.written = kept->written.load();
 }
 
 //! The autotuner's key of a call: op with the head counts, head dim, dtype, mask kind, lengths.
@@ -238,15 +284,17 @@ AutotuneKey tuning_key(const char* op, const FusedCudaState& state) {
 
 //! The forward kernels: out and the LSE, without autograd (picks state->fwd_kernel).
 FusedForward run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, FusedCudaState* state) {
-  const c10::cuda::CUDAGuard guard(q.device());
+  RECORD_FUNCTION("harness::fused_cuda forward (host)", std::vector<c10::IValue>());
+  const c10::cuda::CUDAGuard device_guard(q.device());
   at::Tensor out = at::empty(q.sizes(), q.options());
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   TORCH_CHECK(state->forward_mask != nullptr, "fused_cuda attention: forward without its mask");
   MaskContext& mask = *state->forward_mask;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  const bool keep_schedules = !capturing(stream);
   // The parameters of kernel `kernel` at its own tiling (its BlockMask, cached in the MaskContext)
-  // writing `out` and `lse`, with `scratch` sized for it.
-  auto params_for = [&](kc::FwdKernel kernel, at::Tensor& scratch) {
+  // writing `out` and `lse`, with `scratch` sized for it and its schedule kept with the mask.
+  auto params_for = [&](kc::FwdKernel kernel, at::Tensor& scratch, std::shared_ptr<MaskContext::KeptBuffer>& kept) {
     const kc::TileShape tile = kc::fwd_tile_shape(state->shape, kernel);
     kc::FwdParams params;
     params.kernel = kernel;
@@ -263,7 +311,16 @@ FusedForward run_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
                         q.options().dtype(at::kByte));
     params.scratch = scratch.data_ptr();
     params.scratch_bytes = static_cast<size_t>(scratch.numel());
+    if (keep_schedules) {
+      kept = mask.kept_buffer(schedule_key(kc::fwd_kernel_name(kernel), state->shape, stream),
+                              static_cast<int64_t>(kc::fwd_schedule_bytes(params.shape, params.blocks, kernel)), q.device());
+    }
+    use_schedule(kept, params.schedule);
     return params;
+  };
+  auto run = [&](const kc::FwdParams& params, const std::shared_ptr<MaskContext::KeptBuffer>& kept) {
+    kc::run_attention_fwd(params, stream);
+    if (kept) kept->written = true;
   };
   launch([&] {
     static const std::vector<std::string> names = kernel_names(kc::fwd_kernels(), kc::fwd_kernel_name);
@@ -273,17 +330,27 @@ FusedForward run_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
       kc::FwdKernel kernel;
       kc::parse_fwd_kernel(name, &kernel);
       at::Tensor scratch;
-      const kc::FwdParams params = params_for(kernel, scratch);  // shapes were checked above: no UnsupportedConfig here
-      return time_candidate_ms(stream, [&] { kc::run_attention_fwd(params, stream); });
+      std::shared_ptr<MaskContext::KeptBuffer> kept;
+      kc::FwdParams params = params_for(kernel, scratch, kept);  // shapes were checked above: no UnsupportedConfig here
+      return time_candidate_ms(stream, [&] {
+        run(params, kept);
+        use_schedule(kept, params.schedule);  // the first launch built it; the timed ones reuse it
+      });
     };
-    const KernelPick pick = pick_kernel(state->requested_fwd, "HARNESS_CUDA_FWD_KERNEL", names,
-                                        kc::fwd_kernel_name(kc::default_fwd_kernel(state->shape)),
-                                        tuning_key("attention_fwd", *state), time, q.device().index());
+    KernelPick pick;
+    {
+      RECORD_FUNCTION("harness::fused_cuda pick", std::vector<c10::IValue>());
+      pick = pick_kernel(state->requested_fwd, "HARNESS_CUDA_FWD_KERNEL", names,
+                         kc::fwd_kernel_name(kc::default_fwd_kernel(state->shape)), tuning_key("attention_fwd", *state),
+                         time, q.device().index());
+    }
     kc::parse_fwd_kernel(pick.name, &state->fwd_kernel);
     state->fwd_how = pick.how;
     at::Tensor scratch;
-    const kc::FwdParams params = params_for(state->fwd_kernel, scratch);
-    kc::run_attention_fwd(params, stream);
+    std::shared_ptr<MaskContext::KeptBuffer> kept;
+    RECORD_FUNCTION("harness::fused_cuda params + launch", std::vector<c10::IValue>());
+    const kc::FwdParams params = params_for(state->fwd_kernel, scratch, kept);
+    run(params, kept);
   });
   return {out, lse};
 }
@@ -305,7 +372,8 @@ void require_deterministic_choice(const FusedCudaState& state) {
 //! The backward kernels from the forward's out and LSE, without autograd.
 FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                             const at::Tensor& lse, const at::Tensor& grad_out, const FusedCudaState* state) {
-  const c10::cuda::CUDAGuard guard(q.device());
+  RECORD_FUNCTION("harness::fused_cuda backward (host)", std::vector<c10::IValue>());
+  const c10::cuda::CUDAGuard device_guard(q.device());
   TORCH_CHECK(grad_out.sizes() == out.sizes(), "fused_cuda attention backward: expected one gradient shaped like the output");
   const at::Tensor dout = kernel_layout(grad_out.to(at::kBFloat16));
   at::Tensor dq = at::empty(q.sizes(), q.options());
@@ -330,12 +398,24 @@ FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
   at::Tensor scratch;
   KernelPick pick;
-  // Scratch sized for `kernel` (wgmma_atomic adds its fp32 dQ accumulator), grown when needed.
+  // Scratch sized for `kernel` (wgmma_atomic adds its fp32 dQ accumulator), grown when needed,
+  // and the kernel's kept schedule (none under CUDA graph capture).
+  const bool keep_schedules = !capturing(stream) && stream == state->schedule_stream;
+  auto kept_for = [&](kc::BwdKernel kernel) {
+    return !keep_schedules                         ? nullptr
+           : kc::bwd_kernel_is_deterministic(kernel) ? state->bwd_schedule_merged
+                                                     : state->bwd_schedule_atomic;
+  };
   auto with_scratch = [&](kc::BwdParams& trial) {
     const auto need = static_cast<int64_t>(kc::bwd_scratch_bytes(trial.shape, trial.dq_blocks, trial.dkdv_blocks, trial.kernel));
     if (!scratch.defined() || scratch.numel() < need) scratch = at::empty({need}, q.options().dtype(at::kByte));
     trial.scratch = scratch.data_ptr();
     trial.scratch_bytes = static_cast<size_t>(scratch.numel());
+    use_schedule(kept_for(trial.kernel), trial.schedule);
+  };
+  auto run = [&](const kc::BwdParams& trial) {
+    kc::run_attention_bwd(trial, stream);
+    if (const auto kept = kept_for(trial.kernel)) kept->written = true;
   };
   launch([&] {
     // deterministic=true: only the bitwise-reproducible kernels are candidates (own tuning key).
@@ -350,17 +430,25 @@ FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::
       kc::BwdParams trial = params;
       kc::parse_bwd_kernel(name, &trial.kernel);
       with_scratch(trial);
-      return time_candidate_ms(stream, [&] { kc::run_attention_bwd(trial, stream); });
+      return time_candidate_ms(stream, [&] {
+        run(trial);
+        use_schedule(kept_for(trial.kernel), trial.schedule);  // the first launch built it
+      });
     };
-    pick = pick_kernel(state->requested_bwd, "HARNESS_CUDA_BWD_KERNEL", names,
-                       kc::bwd_kernel_name(kc::default_bwd_kernel(state->deterministic)),
-                       tuning_key(state->deterministic ? "attention_bwd_deterministic" : "attention_bwd", *state), time,
-                       q.device().index());
+    {
+      RECORD_FUNCTION("harness::fused_cuda pick", std::vector<c10::IValue>());
+      pick = pick_kernel(state->requested_bwd, "HARNESS_CUDA_BWD_KERNEL", names,
+                         kc::bwd_kernel_name(kc::default_bwd_kernel(state->deterministic)),
+                         tuning_key(state->deterministic ? "attention_bwd_deterministic" : "attention_bwd", *state), time,
+                         q.device().index());
+    }
     kc::parse_bwd_kernel(pick.name, &params.kernel);
+    RECORD_FUNCTION("harness::fused_cuda params + launch", std::vector<c10::IValue>());
     with_scratch(params);
-    kc::run_attention_bwd(params, stream);
+    run(params);
   });
   if (state->trace) {
+    RECORD_FUNCTION("harness::fused_cuda dispatch record", std::vector<c10::IValue>());
     const bool bitwise = kc::bwd_kernel_is_deterministic(params.kernel);
     state->trace->record(
         {"attention_bwd", "fused_cuda", q.device().str(),
@@ -404,6 +492,8 @@ struct PreparedCall {
 
 PreparedCall prepare_call(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, MaskContext& mask,
                           double scale, bool deterministic, DispatchTrace* trace, const CudaKernelChoice& kernels) {
+  // Host work before the first launch shows in a Kineto trace (`harness run --trace`) as these ranges.
+  RECORD_FUNCTION("harness::fused_cuda prepare", std::vector<c10::IValue>());
   TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4, "fused_cuda attention: q, k, v must be 4-D [B, H, L, D]");
   if (!q_in.is_cuda()) {
     throw UnsupportedError("fused_cuda attention: tensors are on " + q_in.device().str() + ", the kernels need a CUDA device");
@@ -463,6 +553,19 @@ PreparedCall prepare_call(const at::Tensor& q_in, const at::Tensor& k_in, const 
   // FusedAttentionCuda::forward.
   state->dq_blocks = mask.block_mask(dq_tile.block_m, dq_tile.block_n, q.device());
   state->dkdv_blocks = mask.block_mask(dkdv_tile.block_m, dkdv_tile.block_n, q.device());
+  // The backward's schedules, kept with the mask (its block lists fix them, with the shape).
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  if (!capturing(stream)) {
+    state->schedule_stream = stream;
+    const kc::BlockListParams dq = block_list(state->dq_blocks), dkdv = block_list(state->dkdv_blocks);
+    const auto bytes = [&](kc::BwdKernel kernel) {
+      return static_cast<int64_t>(kc::bwd_schedule_bytes(state->shape, dq, dkdv, kernel));
+    };
+    state->bwd_schedule_merged =
+        mask.kept_buffer(schedule_key("bwd merged", state->shape, stream), bytes(kc::BwdKernel::wgmma), q.device());
+    state->bwd_schedule_atomic =
+        mask.kept_buffer(schedule_key("bwd atomic", state->shape, stream), bytes(kc::BwdKernel::wgmma_atomic), q.device());
+  }
 
   state->requested_fwd = kernels.fwd;
   return {q, k, v, state};
@@ -470,6 +573,7 @@ PreparedCall prepare_call(const at::Tensor& q_in, const at::Tensor& k_in, const 
 
 void record_forward(const FusedCudaState& state, const at::Device& device) {
   if (!state.trace) return;
+  RECORD_FUNCTION("harness::fused_cuda dispatch record", std::vector<c10::IValue>());
   state.trace->record({"attention_fwd", "fused_cuda", device.str(),
                        "impl=fused on CUDA: block-sparse flash attention (bf16, online softmax, LSE saved), empty blocks "
                        "skipped, full blocks without mask work; kernel " + std::string(kc::fwd_kernel_name(state.fwd_kernel)) +
