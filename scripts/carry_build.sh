@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run HERE: strips the binaries of BUILD_DIR (default build/) into .gpu/bin and the Debian shared
 # libraries they need that the H200 image lacks (spdlog 1.10, fmt 9) into .gpu/lib, for
-# scripts/h200_carried.sh; name `.gpu` in the device call's carry (a few MB, ignored by git).
+# scripts/h200_carried.sh; name `.gpu` (or the packed `.gpu-pack`) in the device call's carry
+# (ignored by git).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -14,3 +15,9 @@ done
 cp -L /lib/x86_64-linux-gnu/libspdlog.so.1.10 /lib/x86_64-linux-gnu/libfmt.so.9 "$root/.gpu/lib/"
 grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >>"$(git -C "$root" rev-parse --git-path info/exclude)"
 du -sh "$root/.gpu/bin" "$root/.gpu/lib"
+# The same, packed (about a third of the size): carry `.gpu-pack` instead of `.gpu` when a call
+# also carries wheels and the 64 MiB would not hold both.
+mkdir -p "$root/.gpu-pack"
+tar -C "$root" -czf "$root/.gpu-pack/gpu.tar.gz" .gpu/bin .gpu/lib
+grep -qx '/.gpu-pack/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu-pack/' >>"$(git -C "$root" rev-parse --git-path info/exclude)"
+du -sh "$root/.gpu-pack/gpu.tar.gz"

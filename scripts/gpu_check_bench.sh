@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs ON the H200 (from the repo root): the fair attention benchmark of issue 16.
 #  1. flash-attn-4 (peers flex-flash and fa4) from the wheels scripts/fa4_wheels.sh prepared, when
-#     .whl/fa4-part1 and .whl/fa4-part2 are both on the machine (carried by two calls); without
-#     them those two peers say "not installed" in the table and everything else runs.
+#     .whl/fa4-part1 and .whl/fa4-part2 are both on the machine (carried by two calls on one warm
+#     machine: a call carrying part1 leaves a copy in /tmp/fa4-part1, where the next finds it);
+#     installed into /tmp/fa4-site (FA4_SITE). Without them those two peers say "not installed"
+#     in the table and everything else runs.
 #  2. builds harness_bench_attention and harness_mask_describe (scripts/h200_build.sh, build-h200/).
 #  3. bench/attention_vs_flex.py with a wall-time budget; table and JSON into $OUT (or out/).
 # Knobs: CASES (default dflash-128,dflash-512,causal-128; "all" = 20 cases), PEERS (default all),
@@ -17,12 +19,16 @@ mkdir -p "$out"
 build_dir=${BUILD_DIR:-$root/build-h200}
 start=$(date +%s)
 
-site=$root/.whl/fa4-site
-if [[ -d .whl/fa4-part1 && -d .whl/fa4-part2 && ! -f $site/.installed ]]; then
-  echo "== installing flash-attn-4 from .whl/fa4-part1 + .whl/fa4-part2 into $site"
+site=${FA4_SITE:-/tmp/fa4-site}  # outside the tree: a later call on the same warm machine reuses it
+# The first half may have come with an earlier call on this warm machine: it is kept in /tmp.
+part1=.whl/fa4-part1
+if [[ -d $part1 ]]; then rm -rf /tmp/fa4-part1 && cp -r "$part1" /tmp/fa4-part1; fi
+[[ -d $part1 ]] || part1=/tmp/fa4-part1
+if [[ -d $part1 && -d .whl/fa4-part2 && ! -f $site/.installed ]]; then
+  echo "== installing flash-attn-4 from $part1 + .whl/fa4-part2 into $site"
   wheels=$(mktemp -d)
   cp .whl/fa4-part2/*.whl "$wheels/"
-  for first in .whl/fa4-part1/*.whl.part0; do
+  for first in "$part1"/*.whl.part0; do
     name=$(basename "${first%.part0}")
     cat "$first" ".whl/fa4-part2/$name.part1" >"$wheels/$name"
   done

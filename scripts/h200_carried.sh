@@ -11,7 +11,12 @@
 #   slurm     scripts/gpu_check_slurm.sh
 #   faults    scripts/gpu_check_reliability.sh
 #   evidence  scripts/gpu_check_evidence.sh
+#   host      the host side of a fused call: host µs per call and the phase time as the harness
+#             measures it against the kernels' back-to-back time (harness_bench_attention)
+#   ncu       scripts/ncu_kernels.sh: Nsight Compute on the fwd/bwd kernels (NCU_CASES)
 #   bench     bench/attention_vs_flex.py (CASES, PEERS, BUDGET_S)
+# A carried .whl/fa4-part1 (half of flash-attn-4's wheels) is copied to /tmp/fa4-part1 whatever
+# the steps, so that the next call on this warm machine can carry the other half.
 set -uo pipefail
 root=$PWD
 out=${OUT:-$root/out}
@@ -21,6 +26,12 @@ steps=" ${STEPS:-selftest tests bwd python slurm faults} "
 want() { [[ $steps == *" $1 "* ]]; }
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
 
+# The binaries: .gpu/ as carried, else unpacked from .gpu-pack/gpu.tar.gz, else the copy an earlier
+# call left in /tmp/harness-gpu on this warm machine (a call carrying wheels can then leave them out).
+if [[ ! -d .gpu/bin && -f .gpu-pack/gpu.tar.gz ]]; then tar -xzf .gpu-pack/gpu.tar.gz; fi
+if [[ -d .gpu/bin ]]; then rm -rf /tmp/harness-gpu && cp -r .gpu /tmp/harness-gpu
+elif [[ -d /tmp/harness-gpu/bin ]]; then cp -r /tmp/harness-gpu .gpu && echo "binaries from an earlier call (/tmp/harness-gpu)"
+fi
 # The Debian tree's paths, pointing here; the build folder filled from .gpu/bin.
 if [[ $built != "$root" ]]; then
   mkdir -p "$built"
@@ -39,6 +50,7 @@ export LD_LIBRARY_PATH=$root/.gpu/lib:$torch_lib:/usr/local/cuda/lib64:${LD_LIBR
 export BUILD_DIR=$build OUT=$out
 h=$build/harness/harness
 "$h" env --device cuda:0 >"$out/env.txt" 2>&1
+if [[ -d .whl/fa4-part1 ]]; then rm -rf /tmp/fa4-part1 && cp -r .whl/fa4-part1 /tmp/fa4-part1 && echo "fa4-part1 kept in /tmp"; fi
 
 if want selftest; then
   step "kernel self-test"
@@ -71,6 +83,24 @@ fi
 if want slurm; then step "slurm GPU check"; timeout 120 scripts/gpu_check_slurm.sh 2>&1 | tail -5; fi
 if want faults; then step "faults GPU check"; timeout 200 scripts/gpu_check_reliability.sh 2>&1 | tail -8; fi
 if want evidence; then step "evidence GPU check"; timeout 400 scripts/gpu_check_evidence.sh 2>&1 | tail -25; fi
+if want host; then
+  step "host side of a fused call (harness_bench_attention)"
+  for flags in "--mask dflash --anchors 128" "--mask dflash --anchors 512" "--mask causal --anchors 128"; do
+    timeout 120 "$build/bench/harness_bench_attention" $flags --impl fused --reps 30 >"$out/host.json" 2>/dev/null
+    python3 - "$out/host.json" "$flags" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["results"][0]
+print(f"{sys.argv[2]:30s} kernels fwd {r['fwd_ms']:.4f} bwd {r['bwd_ms']:.4f} ms | phase fwd {r['phase_fwd_ms']:.4f} "
+      f"(+{100 * (r['phase_fwd_ms'] / r['fwd_ms'] - 1):.1f}%) bwd {r['phase_bwd_ms']:.4f} (+{100 * (r['phase_bwd_ms'] / r['bwd_ms'] - 1):.1f}%) "
+      f"| host fwd {r['host_fwd_us']:.1f} us bwd {r['host_bwd_us']:.1f} us")
+PY
+  done
+fi
+if want ncu; then
+  step "Nsight Compute on the kernels"
+  BENCH=$build/bench/harness_bench_attention CASES="${NCU_CASES:-causal-128 dflash-512 dflash-128}" \
+    timeout "${NCU_TIMEOUT:-240}" scripts/ncu_kernels.sh 2>&1 | tail -80
+fi
 if want bench; then
   step "fair benchmark"
   SKIP_BUILD=1 timeout "${BENCH_TIMEOUT:-560}" scripts/gpu_check_bench.sh 2>&1 | tail -40

@@ -10,4 +10,4 @@ if ! "$python" -c 'import safetensors, pytest, torch' 2>/dev/null; then
   echo "SKIPPED: $python lacks safetensors, pytest or torch (pip install safetensors pytest)"
   exit 77
 fi
-HARNESS_BINARY=$binary exec "$python" -m pytest -q -p no:cacheprovider "$(dirname "$0")/python/test_evidence.py"
+HARNESS_BIN=$binary exec "$python" -m pytest -q -p no:cacheprovider "$(dirname "$0")/python/test_evidence.py"

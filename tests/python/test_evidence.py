@@ -3,8 +3,9 @@ a capsule the harness writes loads with safetensors and its id checks out from P
 written from Python with safetensors replays through `harness replay --import`; `--trace` on the
 CPU keeps a Chrome trace whose ranges name the attention phases and the kernels' configs.
 
-Run: HARNESS_BINARY=build/harness python -m pytest tests/python/test_evidence.py
-(tests/evidence_python_test.sh does this under CTest)."""
+Run: HARNESS_BIN=build/harness/harness python -m pytest tests/python/test_evidence.py
+(tests/evidence_python_test.sh does this under CTest). The binary is the one `harness.cli.binary()`
+finds: $HARNESS_BIN, else the installed package's, else the checkout's build tree."""
 import hashlib
 import json
 import os
@@ -17,12 +18,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 ROOT = Path(__file__).resolve().parents[2]
-HARNESS = os.environ.get("HARNESS_BINARY", str(ROOT / "build" / "harness" / "harness"))
 SMALL = ROOT / "tests" / "cli" / "replay_small.json"
 
 
 def harness(tmp_path, *args, check=True):
-    result = subprocess.run([HARNESS, *map(str, args), "--db", str(tmp_path / "h.db")],
+    from harness import cli
+
+    result = subprocess.run([str(cli.binary()), *map(str, args), "--db", str(tmp_path / "h.db")],
                             capture_output=True, text=True, env={**os.environ, "HARNESS_ALLOW_FAULTS": "1"})
     if check:
         assert result.returncode == 0, result.stderr

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs ON the H200 (from the repo root): Nsight Compute on our attention kernels at the benchmark's
+# cases, to say where a missed goal's limit is (issue 16: which pipe, which stall). For each case
+# one forward and one backward launch of the kernels the autotuner picks there (forced, autotune
+# off), profiled with the clocks left alone (--clock-control none, device/METHOD.md):
+#   SpeedOfLight (SM and memory throughput), ComputeWorkloadAnalysis (pipe utilization: the tensor
+#   pipe is what matters), WarpStateStats and the stall-reason metrics (why warps stall: warps
+#   stalled per issued instruction, by reason), Occupancy, LaunchStats.
+# Env: BENCH (harness_bench_attention), CASES ("causal-128 dflash-512 dflash-128"), OUT.
+# Writes $OUT/ncu_<case>_<fwd|bwd>.txt and prints a short summary per kernel.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out=${OUT:-$root/out}
+mkdir -p "$out"
+bench=${BENCH:?set BENCH to harness_bench_attention}
+ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+[[ -x $ncu ]] || { echo "ncu: not found"; exit 2; }
+case_flags() {  # the bench's case names (bench/attention_vs_flex.py CASES) -> harness_bench_attention flags
+  case $1 in
+    causal-128) echo "--mask causal --anchors 128 --fwd-kernel wgmma_m128_n128 --bwd-kernel wgmma_atomic" ;;
+    dflash-512) echo "--mask dflash --anchors 512 --fwd-kernel wgmma_m64_n64 --bwd-kernel wgmma_atomic" ;;
+    dflash-128) echo "--mask dflash --anchors 128 --fwd-kernel wgmma_m64_n64 --bwd-kernel wgmma_atomic" ;;
+    *) echo "unknown case $1" >&2; return 1 ;;
+  esac
+}
+sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy
+          --section LaunchStats --section MemoryWorkloadAnalysis
+          --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio')
+for c in ${CASES:-causal-128 dflash-512 dflash-128}; do
+  flags=$(case_flags "$c") || continue
+  for phase in fwd bwd; do
+    if [[ $phase == fwd ]]; then kernel='regex:attention_fwd'; else kernel='regex:attention_bwd_(atomic|wgmma)_kernel'; fi
+    file=$out/ncu_${c}_${phase}.txt
+    # Skip the 3 warm-up launches; profile one.
+    HARNESS_AUTOTUNE=off timeout 240 "$ncu" --clock-control none --target-processes all -k "$kernel" -s 3 -c 1 \
+      "${sections[@]}" --print-units base "$bench" $flags --impl fused --reps 1 >"$file" 2>&1
+    echo "== $c $phase (rc=$?): $(grep -m1 -oE 'attention_[a-z_]+kernel' "$file")"
+    grep -E '^\s+(Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|SM Busy|Warp Cycles Per Issued Instruction|Dynamic Shared Memory Per Block)\b' "$file" | head -12
+    grep -oE '[A-Za-z]+ is the highest-utilized pipeline \([0-9.]+%\)' "$file" | head -1
+    # The three largest stall reasons (warps stalled per issued instruction).
+    grep -E 'smsp__average_warps_issue_stalled_' "$file" | awk '{print $NF, $1}' | sort -gr | head -3 |
+      sed -E 's/smsp__average_warps_issue_stalled_([a-z_]+)_per_issue_active.ratio/stalled \1/'
+
+  done
+done
