@@ -77,7 +77,12 @@ struct CpuTileConfig {
 //! for every call that names none here.
 struct CudaKernelChoice {
   std::string fwd;  //!< "", "wgmma_m128_n128", "wgmma_m128_n64", "wgmma_m64_n64", "mma_m128_n64"
-  std::string bwd;  //!< "", "wgmma", "mma"
+  std::string bwd;  //!< "", "wgmma", "mma", "wgmma_atomic"
+  //! Keep the kernels' CTA schedules with the MaskContext after the first call (saves the schedule
+  //! kernel on every later call). The PyTorch op turns it off: under torch.compile's CUDA graph
+  //! trees the first call may run in the graph's private memory pool, where a buffer kept past
+  //! the call is refused ("tensors in the cudagraph pool not tracked as outputs", H200, session 5).
+  bool keep_schedules = true;
 };
 
 //! Options of one attention call.

@@ -55,19 +55,20 @@ EOF
 )
 check "the dense 512x5 trial ends oom and keeps a snapshot" test -s "$snapshot"
 check "harness show names the snapshot and memory_viz" grep -q "memory_viz: python -m torch.cuda._memory_viz" "$out/show.txt"
-check "the snapshot's largest block is the 16 GiB scores tensor" grep -q "largest block 16.00 GiB" "$out/show.txt"
+check "the snapshot's largest block is the 16 GiB scores tensor" grep -qE "largest block 16\.0+ GiB, OOM asking 16\.0+ GiB" "$out/show.txt"
 python3 -m torch.cuda._memory_viz stats "$snapshot" > "$out/memory_viz_stats.txt" 2>&1
 check "PyTorch's memory_viz reads it (stats)" test $? -eq 0
 python3 -m torch.cuda._memory_viz trace_plot "$snapshot" -o "$out/snapshot.html" > /dev/null 2>&1
 check "memory_viz trace_plot writes the HTML (screenshot it with scripts/memory_viz_screenshot.py)" test -s "$out/snapshot.html"
 cp "$snapshot" "$out/anchor_scaling_oom.snapshot.pickle" 2>/dev/null
+mkdir -p "$out/writeup"
 "$harness" writeup "$run_id" --db "$db" -o "$out/writeup/anchor_scaling.md" > "$out/writeup.log" 2>&1
 check "the writeup embeds the snapshot SVGs" test -s "$out/writeup/anchor_scaling-snapshot-1-peak.svg"
 grep -A2 "Snapshot of" "$out/writeup/anchor_scaling.md" | head -8
 
 # 2. A small real snapshot for tests/data --------------------------------------------------------------
 small_db=$out/small.db
-"$harness" run "$root/tests/cli/replay_small.json" --device cuda:0 --memory-snapshot --db "$small_db" --json \
+HARNESS_ALLOW_FAULTS=1 "$harness" run "$root/tests/cli/replay_small.json" --device cuda:0 --memory-snapshot --db "$small_db" --json \
   > "$out/small.json" 2> "$out/small.err"
 python3 - "$out/small.json" "$small_db" "$out/snapshot_h200.pickle" <<'EOF'
 import json, os, shutil, sys

@@ -74,10 +74,10 @@ fi
 if want python; then
   step "python: pytest tests/python on CUDA"
   export HARNESS_OPS_LIBRARY=$build/python/libharness_ops.so HARNESS_BIN=$h HARNESS_REQUIRE_NATIVE=1
-  timeout 400 python3 -m pytest -q -p no:cacheprovider -rs tests/python --ignore=tests/python/test_bench_masks.py \
+  timeout "${PYTEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rs ${PYTEST_PATHS:-tests/python --ignore=tests/python/test_bench_masks.py} \
     >"$out/pytest.log" 2>&1; echo "rc=$?"; tail -8 "$out/pytest.log"
   step "python: the op from Python vs the kernels from C++"
-  timeout 300 python3 bench/python_vs_cpp.py --binary "$build/bench/harness_bench_attention" >"$out/python_vs_cpp.log" 2>&1
+  timeout "${PYVSCPP_TIMEOUT:-300}" python3 bench/python_vs_cpp.py --binary "$build/bench/harness_bench_attention" >"$out/python_vs_cpp.log" 2>&1
   echo "rc=$?"; tail -25 "$out/python_vs_cpp.log"
 fi
 if want slurm; then step "slurm GPU check"; timeout 120 scripts/gpu_check_slurm.sh 2>&1 | tail -5; fi

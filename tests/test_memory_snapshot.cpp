@@ -124,14 +124,43 @@ TEST_CASE("a snapshot file that is not one is named in the error", "[snapshot]")
   CHECK_THROWS_AS(an::summarize_snapshot(nlohmann::json::object(), "x.pickle"), an::SnapshotError);
 }
 
-TEST_CASE("the snapshot recorded on the H200 (the founding OOM at small scale) reads and names its blocks", "[snapshot]") {
-  const std::string path = kData + "snapshot_h200.pickle";
-  if (!std::ifstream(path)) {
-    WARN("tests/data/snapshot_h200.pickle is not committed yet (scripts/gpu_check_evidence.sh records it)");
-    return;
-  }
-  auto summary = an::read_snapshot(path);
-  CHECK(summary.trace_events > 0);
-  CHECK(summary.largest_block > 0);
-  CHECK(summary.peak_allocated >= summary.largest_block);
+// Two snapshots recorded on the H200 (session 5) by `harness run anchor_scaling --device cuda:0
+// --memory-limit 96GiB --memory-snapshot` (scripts/gpu_check_evidence.sh): the dense trial at 128
+// anchors x 1 layer (ok), and the founding OOM, the dense trial at 512 anchors x 5 layers, whose
+// snapshot the allocator's out-of-memory observer took at the failing request, before the step
+// unwound: the four layers' 16 GiB scores are alive in it and the fifth asks for 16 GiB more.
+static harness::memory_model::Prediction anchor_scaling_dense(int64_t anchors, int64_t layers) {
+  harness::spec::LoadOptions options;
+  options.overrides = {"dims.anchors=" + std::to_string(anchors), "dims.layers=" + std::to_string(layers)};
+  const auto spec = harness::spec::load_spec_file(std::string(HARNESS_TEST_DATA_DIR) + "/../experiments/anchor_scaling.json",
+                                                  options);
+  return harness::memory_model::predict(spec, "dense", "cuda");
+}
+
+TEST_CASE("the snapshots recorded on the H200 read, and the founding OOM's names its 16 GiB scores", "[snapshot]") {
+  constexpr int64_t kScores512 = int64_t{1} * 32 * 8192 * 16384 * 4;  // B·H·Q·KV·4 at 512 anchors: 16 GiB
+  auto ok = an::read_snapshot(kData + "snapshot_h200.pickle");
+  CHECK(ok.trace_events == 124);
+  CHECK(ok.largest_block == int64_t{1} * 32 * 2048 * 10240 * 4);  // the scores at 128 anchors: 2.50 GiB
+  CHECK(ok.peak_allocated >= ok.largest_block);
+  CHECK_FALSE(ok.oom);
+
+  auto oom = an::read_snapshot(kData + "snapshot_h200_oom.pickle");
+  CHECK(oom.trace_events == 108);
+  CHECK(oom.largest_block == kScores512);
+  REQUIRE(oom.oom);
+  CHECK(oom.oom->requested_bytes == kScores512);
+  // Taken at the OOM: the earlier layers' scores are live blocks, not freed ones.
+  REQUIRE(oom.oom->live.size() >= 4);
+  for (size_t i = 0; i < 4; ++i) CHECK(oom.oom->live[i].bytes == kScores512);
+  CHECK(oom.allocated_at_end >= 4 * kScores512);
+
+  an::name_blocks(oom, anchor_scaling_dense(512, 5));
+  CHECK(oom.oom->live.front().name.find("scores") != std::string::npos);
+  CHECK(oom.oom->name.find("scores") != std::string::npos);
+  const std::string bars = an::render_snapshot_peak_svg(oom, 6, "dense 512 anchors x 5 layers at the OOM");
+  CHECK(bars.find("<svg") == 0);
+  CHECK(bars.find("16.0 GiB") != std::string::npos);
+  CHECK(bars.find("requested, failed") != std::string::npos);
+  CHECK(an::render_snapshot_timeline_svg(oom, "dense").find("<svg") == 0);
 }

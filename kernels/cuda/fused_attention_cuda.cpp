@@ -56,6 +56,7 @@ struct FusedCudaState : torch::CustomClassHolder {
   //! dK/dV + dQ one of wgmma and mma, and wgmma_atomic's.
   std::shared_ptr<MaskContext::KeptBuffer> bwd_schedule_merged, bwd_schedule_atomic;
   cudaStream_t schedule_stream = nullptr;  //!< the stream they are built and read on
+  bool keep_schedules = true;              //!< CudaKernelChoice::keep_schedules of the call
   float scale = 1.f;
   bool deterministic = false;
   DispatchTrace* trace = nullptr;
@@ -291,7 +292,7 @@ FusedForward run_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
   TORCH_CHECK(state->forward_mask != nullptr, "fused_cuda attention: forward without its mask");
   MaskContext& mask = *state->forward_mask;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-  const bool keep_schedules = !capturing(stream);
+  const bool keep_schedules = state->keep_schedules && !capturing(stream);
   // The parameters of kernel `kernel` at its own tiling (its BlockMask, cached in the MaskContext)
   // writing `out` and `lse`, with `scratch` sized for it and its schedule kept with the mask.
   auto params_for = [&](kc::FwdKernel kernel, at::Tensor& scratch, std::shared_ptr<MaskContext::KeptBuffer>& kept) {
@@ -555,7 +556,8 @@ PreparedCall prepare_call(const at::Tensor& q_in, const at::Tensor& k_in, const 
   state->dkdv_blocks = mask.block_mask(dkdv_tile.block_m, dkdv_tile.block_n, q.device());
   // The backward's schedules, kept with the mask (its block lists fix them, with the shape).
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-  if (!capturing(stream)) {
+  state->keep_schedules = kernels.keep_schedules;
+  if (kernels.keep_schedules && !capturing(stream)) {
     state->schedule_stream = stream;
     const kc::BlockListParams dq = block_list(state->dq_blocks), dkdv = block_list(state->dkdv_blocks);
     const auto bytes = [&](kc::BwdKernel kernel) {

@@ -127,6 +127,9 @@ hk::AttentionOptions options_for(double scale) {
   hk::AttentionOptions options;
   options.impl = hk::AttentionImpl::fused;
   options.scale = scale;
+  // No buffer kept past a call: under torch.compile(mode="reduce-overhead") the first call may
+  // run inside a CUDA graph pool (CudaKernelChoice::keep_schedules).
+  options.cuda_kernels.keep_schedules = false;
   return options;
 }
 
