@@ -320,7 +320,7 @@ TEST_CASE("without CUDA kernels, fused on a CUDA tensor is unsupported", "[atten
   CHECK_THROWS_AS(attention(q, k, k, mask, AttentionOptions{}), UnsupportedError);
 }
 
-TEST_CASE("the fused backward allocates no Q x KV tensor; the dense one does", "[attention]") {
+TEST_CASE("the fused backward allocates no Q x KV tensor, the dense one does", "[attention]") {
   // 8 heads sharing one kv head, Q 512, KV 4608: one fp32 score tensor is 75.5 MB, the fp32
   // inputs and output together 4.4 MB.
   AttentionGeometry geometry;

@@ -161,7 +161,7 @@ TEST_CASE("autotune: fastest candidate wins, tuned once, then memory and disk hi
   CHECK(fresh.choose(fwd_key(), kCandidates, other_timer.function()).source == ChoiceSource::memory);
 }
 
-TEST_CASE("autotune: ties keep the earlier candidate; non-finite timings cannot win", "[autotune]") {
+TEST_CASE("autotune: ties keep the earlier candidate, non-finite timings cannot win", "[autotune]") {
   TempDir dir;
   Autotuner tuner(options_for(dir.file("a.json")));
   const double inf = std::numeric_limits<double>::infinity();

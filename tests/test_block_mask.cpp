@@ -170,7 +170,7 @@ TEST_CASE("BlockMask at the real dims agrees with the dense mask", "[blockmask]"
   CHECK(count_visible_pairs(mask) == dense.sum().item<int64_t>());
 }
 
-TEST_CASE("BlockMask::to copies every list; bad block sizes are rejected", "[blockmask]") {
+TEST_CASE("BlockMask::to copies every list, bad block sizes are rejected", "[blockmask]") {
   const auto masks = awkward_masks(3);
   const BlockMask bm = build_block_mask(masks[0].mask, 16, 64);
   const BlockMask copy = bm.to(at::kCPU);

@@ -218,7 +218,7 @@ TEST_CASE("bisect rejects bad input with exit 2", "[cli][bisect]") {
   CHECK(no_build.err.find("/nonexistent/a") != std::string::npos);
 }
 
-TEST_CASE("bisect --envs searches existing interpreters; --builds runs each build's binary", "[cli][bisect]") {
+TEST_CASE("bisect --envs searches existing interpreters, --builds runs each build's binary", "[cli][bisect]") {
   Sandbox box;
   // The envs a package bisect made: reused here as a user's own venvs.
   const Result made = box.bisect(fixture().wheels, "--good 1.0 --bad 1.7 --json");

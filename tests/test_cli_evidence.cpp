@@ -59,7 +59,7 @@ TEST_CASE("explain-oom --solve: the context that asks for 15.09 GiB, and the --s
   CHECK(bad.err.find("--solve dims.head_dim") != std::string::npos);
 }
 
-TEST_CASE("run --trace keeps a Chrome trace per trial on the CPU; show names it and its tool", "[cli][trace]") {
+TEST_CASE("run --trace keeps a Chrome trace per trial on the CPU, show names it and its tool", "[cli][trace]") {
   Sandbox box;
   const auto run = box.json("run " + kReplaySmall + " --device cpu --trace --memory-snapshot --set warmup=1");
   int traces = 0;

@@ -79,7 +79,7 @@ TEST_CASE("case 1: --set with 60 000 nested brackets: exit 2", "[cli][hostile]")
   CHECK(run.err.size() < 3000);
 }
 
-TEST_CASE("case 2: 1e999 names file and path; a 10 MB value is not echoed; 1 000 problems are counted", "[cli][hostile]") {
+TEST_CASE("case 2: 1e999 names file and path, a 10 MB value is not echoed, 1 000 problems are counted", "[cli][hostile]") {
   Sandbox box;
   const std::string overflow = box.write("overflow.json", R"({"name": 1e999})");
   const Result number = box.harness("run " + overflow + " --device cpu --db " + box.db());

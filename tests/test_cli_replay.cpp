@@ -105,7 +105,7 @@ TEST_CASE("replay reproduces each failure class of a recorded run", "[cli][repla
   CHECK(box.json("runs").size() == runs_before.size());
 }
 
-TEST_CASE("kept capsules replay bit for bit or within tolerance; damaged ones are exit code 2", "[cli][replay]") {
+TEST_CASE("kept capsules replay bit for bit or within tolerance, damaged ones are exit code 2", "[cli][replay]") {
   Sandbox box;
   const auto run = box.json("run " + kReplaySmall + " --device cpu --keep-capsules --memory-limit 1GiB");
   const std::string run_id = std::to_string(run["run"]["id"].get<int64_t>());

@@ -153,7 +153,7 @@ TEST_CASE("anchor_scaling's CPU profile through --slurm stores what a local run 
   }
 }
 
-TEST_CASE("a task cancelled mid-run is requeued and the run completes; --no-wait then slurm collect", "[slurm]") {
+TEST_CASE("a task cancelled mid-run is requeued and the run completes, --no-wait then slurm collect", "[slurm]") {
   Sandbox box;
   std::string job_id;
   const int64_t run_id = submit_no_wait(box, kSlow + " --device cpu --retries 1", job_id);

@@ -393,7 +393,7 @@ TEST_CASE("concurrent writers: every run of every process stored", "[faults]") {
   check_integrity(box.db());
 }
 
-TEST_CASE("a db in a read-only folder: runs, show, diff and writeup work; run says why it cannot", "[faults]") {
+TEST_CASE("a db in a read-only folder: runs, show, diff and writeup work, run says why it cannot", "[faults]") {
   Sandbox box;
   const fs::path data = box.dir / "data", readonly = box.dir / "readonly";
   fs::create_directories(data);

@@ -120,7 +120,7 @@ TEST_CASE("a 10 MB value is quoted in a few hundred bytes", "[hostile]") {
   CHECK(longest_issue(dtype) < 1200);
 }
 
-TEST_CASE("a sweep of 100 000 values is one problem; 1 000 bad values print 50 and a count", "[hostile]") {
+TEST_CASE("a sweep of 100 000 values is one problem, 1 000 bad values print 50 and a count", "[hostile]") {
   auto spec = nlohmann::ordered_json::parse(read_text(kBwdFusion));
   nlohmann::ordered_json values = nlohmann::ordered_json::array();
   for (int i = 0; i < 100000; ++i) values.push_back(-i - 1);
@@ -291,7 +291,7 @@ TEST_CASE("a damaged db is refused for writing and reported by the integrity che
   CHECK_FALSE(reader.integrity_problems().empty());
 }
 
-TEST_CASE("a run whose owner process is gone is abandoned; one whose owner lives is not", "[hostile][db]") {
+TEST_CASE("a run whose owner process is gone is abandoned, one whose owner lives is not", "[hostile][db]") {
   TempDir dir;
   const std::string path = dir.file("h.db");
   harness::db::Store store(path);

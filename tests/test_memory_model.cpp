@@ -113,7 +113,7 @@ TEST_CASE("layers stack the saved tensors in the forward, not the dense backward
   }
 }
 
-TEST_CASE("fused: a layer keeps its output and LSE; the backward adds the gradients", "[memory_model]") {
+TEST_CASE("fused: a layer keeps its output and LSE, the backward adds the gradients", "[memory_model]") {
   mm::ModelOptions deterministic;
   deterministic.cuda_bwd_kernel = "wgmma";
   const auto one = mm::predict(real(), "fused", "cuda", deterministic);
@@ -189,7 +189,7 @@ TEST_CASE("OOM replay: the founding configuration fails on a score tensor in the
   CHECK_FALSE(mm::predict_oom(real(), "dense", "cuda", int64_t{96} << 30));
 }
 
-TEST_CASE("OOM messages: PyTorch's, the harness's, bare sizes; none without a size", "[memory_model]") {
+TEST_CASE("OOM messages: PyTorch's, the harness's, bare sizes, none without a size", "[memory_model]") {
   const auto founding = mm::parse_oom_message("Tried to allocate 15.09 GiB ... 84.07 GiB in use");
   REQUIRE(founding);
   CHECK(founding->requested_bytes == std::llround(15.09 * kGiB));
@@ -271,7 +271,7 @@ TEST_CASE("explain with the message's cap says which allocation failed", "[memor
   CHECK(matches.front().occurrence.find("scaled scores of layer 3") != std::string::npos);
 }
 
-TEST_CASE("the founding 15.09 GiB is no tensor of the real dims; the nearest is the 16 GiB score tensor", "[memory_model]") {
+TEST_CASE("the founding 15.09 GiB is no tensor of the real dims, the nearest is the 16 GiB score tensor", "[memory_model]") {
   const auto points = anchor_sweep({"dims.layers=5"});
   const auto message = mm::parse_oom_message("Tried to allocate 15.09 GiB ... 84.07 GiB in use");
   REQUIRE(message);

@@ -256,7 +256,7 @@ TEST_CASE("python kind: params are checked, every problem with its path", "[pyth
   CHECK(kind->impls == std::vector<std::string>{"script"});
 }
 
-TEST_CASE("python fingerprint: the interpreter describes itself; a missing one is a usage error", "[python]") {
+TEST_CASE("python fingerprint: the interpreter describes itself, a missing one is a usage error", "[python]") {
   const auto fingerprint = harness::python_fingerprint(system_python(), 30);
   INFO(fingerprint.dump(2));
   CHECK(fingerprint.at("executable") == harness::find_program(system_python()).value());

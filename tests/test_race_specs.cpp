@@ -83,7 +83,7 @@ TEST_CASE("warmup_race.json: run in-process, the race is reproduced and both fix
   CHECK(spec::evaluate_verdict(spec, outcomes).verdict == "RACE");
 }
 
-TEST_CASE("cache_corruption.json: one variant per damage; run in-process every damage is recovered", "[cache]") {
+TEST_CASE("cache_corruption.json: one variant per damage, run in-process every damage is recovered", "[cache]") {
   const spec::Spec spec = spec::load_spec_file(kExperiments + "/cache_corruption.json");
   CHECK(spec.kind == "cache_corruption");
   std::vector<std::string> impls;

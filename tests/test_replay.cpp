@@ -172,7 +172,7 @@ TEST_CASE("a damaged capsule is an error naming the problem, never a crash", "[r
   }
 }
 
-TEST_CASE("a failing trial keeps the capsule it wrote before its step; replaying it fails alike", "[replay]") {
+TEST_CASE("a failing trial keeps the capsule it wrote before its step, replaying it fails alike", "[replay]") {
   TempDir dir;
   const spec::Spec spec = small_spec(R"(, "nan": {"impl": "fused", "fault": "nan"}, "oom": {"impl": "dense", "fault": "oom"})");
 
@@ -211,7 +211,7 @@ TEST_CASE("a failing trial keeps the capsule it wrote before its step; replaying
   }
 }
 
-TEST_CASE("a passing trial drops its capsule unless asked to keep it; a kept one replays bit for bit", "[replay]") {
+TEST_CASE("a passing trial drops its capsule unless asked to keep it, a kept one replays bit for bit", "[replay]") {
   TempDir dir;
   const spec::Spec spec = small_spec();
   const auto passed = kinds::run_attention_step(spec, context_for("fused", dir));

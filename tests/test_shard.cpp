@@ -119,7 +119,7 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 
 }  // namespace
 
-TEST_CASE("a shard merges its trials, metrics, artifacts and env once; a second merge adds nothing", "[db][shard]") {
+TEST_CASE("a shard merges its trials, metrics, artifacts and env once, a second merge adds nothing", "[db][shard]") {
   TempDir dir;
   const std::string main_path = dir.file("harness.db");
   Store store(main_path);
