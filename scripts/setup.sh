@@ -34,10 +34,21 @@ fi
 if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
   log "installing torch==$torch_version into $venv (a few GB, once)"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version" pandas matplotlib nbconvert nbclient ipykernel
+  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version"
 fi
-# pytest runs tests/python (the Python package) under CTest.
-"$venv/bin/python" -c 'import pytest' 2>/dev/null || "$venv/bin/pip" install -q --disable-pip-version-check pytest
+# What the tests import besides torch, checked on every run (a venv made by an older setup.sh gets
+# what was added since): pytest (tests/python under CTest), safetensors (capsules from Python,
+# tests/python/test_evidence.py), pandas (harness.runs/trials/metrics), the notebook's runners.
+py_modules=(pytest safetensors pandas matplotlib nbconvert nbclient ipykernel)
+read -r -a py_missing <<< "$("$venv/bin/python" - "${py_modules[@]}" <<'PY'
+import importlib.util, sys
+print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))
+PY
+)"
+if ((${#py_missing[@]})); then
+  log "installing into $venv: ${py_missing[*]}"
+  "$venv/bin/pip" install -q --disable-pip-version-check "${py_missing[@]}"
+fi
 torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 
 launcher=()
