@@ -119,7 +119,7 @@ const char* mode_name(BisectMode mode) {
   return "verdict";
 }
 
-BisectSearch::BisectSearch(size_t count) : count_(count), first_bad_(count - 1) {
+BisectSearch::BisectSearch(size_t count) : first_bad_(count - 1) {
   if (count < 2) throw std::invalid_argument("a bisect needs at least two candidates (good and bad)");
 }
 

@@ -46,7 +46,6 @@ class BisectSearch {
   static int max_probes(size_t count);
 
  private:
-  size_t count_;
   size_t last_good_ = 0;
   size_t first_bad_;
   std::set<size_t> skipped_;

@@ -16,9 +16,12 @@ ctest --output-on-failure "$@"
 # A finding fails the test command: its input goes into tests/fuzz/<target>/ as a regression input.
 "$root/scripts/fuzz.sh"
 
-# The pip route in a fresh venv (scripts/test_install.sh: a second full build into build-pip/, against
-# the venv's own torch). Opt-in: HARNESS_TEST_INSTALL=1. Its venv is kept in ~/.cache/harness/install-test
-# so that a rerun reuses torch and ccache (see python/README.md for the measured times).
-if [[ "${HARNESS_TEST_INSTALL:-0}" == 1 ]]; then
+# The pip route as a user takes it (scripts/test_install.sh): a fresh venv with torch==2.11.0,
+# `pip install .` (a second build into build-pip/, against that venv's own torch; ccache serves the
+# objects that do not include torch), the console script and `import harness` from another folder,
+# then `pip install -e .` over the same build folder. About 9 min from a fresh machine (python/README.md).
+# Its venv is kept in ~/.cache/harness/install-test so that a rerun reuses torch; HARNESS_TEST_INSTALL=0
+# leaves it out (a quick local run).
+if [[ "${HARNESS_TEST_INSTALL:-1}" == 1 ]]; then
   WORK_DIR=${HARNESS_INSTALL_TEST_DIR:-$HOME/.cache/harness/install-test} "$root/scripts/test_install.sh"
 fi

@@ -6,7 +6,9 @@
 #      (pyproject.toml: scikit-build-core, ccache, only the targets the package ships) — timed;
 #   3. from another folder: the `harness` console script runs bwd_fusion on the CPU and its run is
 #      ok with a verdict, and `import harness` trains a small DFlash-masked attention layer for a
-#      few steps (the loss falls; the op matches the dense reference).
+#      few steps (the loss falls; the op matches the dense reference);
+#   4. `pip install -e <checkout>` over the same build folder: the checkout's Python sources, the op
+#      library and binary built (seconds, not a second build).
 # Env: WORK_DIR (default a new temp dir; its venv is reused when it already has torch),
 #      PIP_INSTALL_ARGS (e.g. "-C cmake.define.HARNESS_WITH_CUDA=OFF" to skip nvcc).
 # Exit 0 only when every step passes; prints the seconds `pip install .` took.
@@ -97,5 +99,26 @@ scores = (q @ k.repeat_interleave(2, 1).transpose(-1, -2)) / math.sqrt(16)
 expected = torch.softmax(scores.masked_fill(~mask.dense(mask.q_len, mask.kv_len), float("-inf")), -1) @ v.repeat_interleave(2, 1)
 assert torch.allclose(harness.attention(q, k, v, mask), expected, atol=1e-5)
 print("trained", len(losses), "steps; the op matches the dense reference")
+PY
+log "pip install -e $root (the same build-pip/ folder: only what changed rebuilds)"
+"$venv/bin/pip" uninstall -q -y harness
+start=$(date +%s)
+# shellcheck disable=SC2086
+"$venv/bin/pip" install -q --disable-pip-version-check ${PIP_INSTALL_ARGS:-} -e "$root"
+log "pip install -e took $(( $(date +%s) - start )) s"
+"$venv/bin/harness" --version > /dev/null
+"$venv/bin/python" - "$root" <<'PY'
+import sys
+from pathlib import Path
+import torch
+import harness
+
+# Editable: the Python sources are the checkout's, the op library and binary the build's.
+assert Path(harness.__file__).resolve().is_relative_to(Path(sys.argv[1]).resolve() / "python"), harness.__file__
+print("editable harness from", harness.__file__, "ops from", harness.load_library())
+q, k = torch.randn(1, 4, 40, 16), torch.randn(1, 2, 40, 16)
+out = harness.attention(q, k, k, harness.CausalMask())
+expected = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), k.repeat_interleave(2, 1), is_causal=True)
+assert torch.allclose(out, expected, atol=1e-5)
 PY
 log "ok"

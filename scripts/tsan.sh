@@ -16,7 +16,7 @@ log() { printf '[tsan] %s\n' "$*" >&2; }
 sources=(tests/main.cpp tests/test_autotune.cpp tests/test_autotune_race.cpp tests/test_cache_corruption.cpp
          core/files.cpp kernels/autotune.cpp trials/autotune_race.cpp experiments/kinds/autotune_race_info.cpp
          trials/cache_corruption.cpp experiments/kinds/cache_corruption_info.cpp)
-flags=(-std=c++20 -O1 -g -fsanitize=thread -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter -I"$root")
+flags=(-std=c++20 -O1 -g -fsanitize=thread -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -I"$root")  # as tests/CMakeLists.txt
 launcher=()
 if command -v ccache >/dev/null; then
   export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1

@@ -15,7 +15,6 @@ namespace {
 
 namespace mm = harness::memory_model;
 
-constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int64_t kGiB = int64_t{1} << 30;
 
 std::vector<std::pair<nlohmann::json, harness::spec::Spec>> anchor_scaling(const std::vector<std::string>& overrides) {
