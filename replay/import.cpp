@@ -206,6 +206,23 @@ int64_t meta_int(const nlohmann::json& dims, const char* key, int64_t fallback, 
   return dims[key].get<int64_t>();
 }
 
+//! A tensor of the unpickled dict as a contiguous CPU tensor. Only the dtypes a step can hold
+//! (floating point, integers, bool) are copied: LibTorch has no copy kernel for some others (a
+//! UInt4 tensor made `.contiguous()` throw NotImplementedError, found by the import fuzzer), and
+//! whatever else it refuses on a hostile tensor becomes a CapsuleError naming the entry.
+at::Tensor imported_tensor(const at::Tensor& tensor, const std::string& key, const std::string& where) {
+  const at::ScalarType type = tensor.scalar_type();
+  if (!at::isFloatingType(type) && !at::isIntegralType(type, /*includeBool=*/true))
+    throw CapsuleError(where + ": entry '" + key + "' is a " + c10::toString(type) +
+                       " tensor; a step holds floating-point tensors (q, k, v, grad_out: bf16, fp16 or fp32)");
+  try {
+    return tensor.detach().to(at::kCPU).contiguous();
+  } catch (const c10::Error& error) {
+    throw CapsuleError(where + ": entry '" + key + "' cannot be read as a tensor (" +
+                       first_line(error.what_without_backtrace()) + ")");
+  }
+}
+
 }  // namespace
 
 ImportedStep import_step_file(const std::string& step_path, const std::string& dir) {
@@ -242,7 +259,7 @@ ImportedStep import_step_file(const std::string& step_path, const std::string& d
         if (!item.value().isString()) throw CapsuleError(where + ": 'meta' must be a JSON string (json.dumps(...))");
         meta_text = item.value().toStringRef();
       } else if (item.value().isTensor()) {
-        tensors[key] = item.value().toTensor().detach().to(at::kCPU).contiguous();
+        tensors[key] = imported_tensor(item.value().toTensor(), key, where);
       } else {
         throw CapsuleError(where + ": entry '" + key + "' is a " + std::string(item.value().tagKind()) + ", not a tensor");
       }
