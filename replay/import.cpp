@@ -158,7 +158,16 @@ void check_pickle_lengths(const char* data, size_t n, const std::string& where) 
       case '.': return;                                                        // STOP
       case 0x80: case 'K': case 'q': case 'h': need(1, opcode_at, "an argument"); break;
       case 'M': need(2, opcode_at, "an argument"); break;
-      case 'J': case 'r': case 'j': need(4, opcode_at, "an argument"); break;
+      case 'J': need(4, opcode_at, "an argument"); break;
+      case 'r': case 'j': {                                                     // LONG_BINPUT, LONG_BINGET
+        // LibTorch sizes its memo table by the index (a 4-byte index of ~1.9e9 asked for 30 GB, found
+        // by the import fuzzer); a pickler numbers memo entries from 0, one per opcode at most.
+        const uint64_t index = number(4, opcode_at);
+        if (index >= n)
+          throw CapsuleError(where + ": data.pkl byte " + std::to_string(opcode_at) + ": a memo index of " +
+                             std::to_string(index) + " in a pickle of " + std::to_string(n) + " bytes");
+        break;
+      }
       case 'G': need(8, opcode_at, "a float"); break;                           // BINFLOAT
       case 0x95: need(8, opcode_at, "a frame length"); break;                   // FRAME
       case 0x8a: need(number(1, opcode_at), opcode_at, "a LONG1 integer"); break;

@@ -353,7 +353,7 @@ TEST_CASE("a torch.save file that declares more bytes than it has is refused bef
     }
     ++inputs;
   }
-  CHECK(inputs >= 4);
+  CHECK(inputs >= 5);
   // The fuzzer's out-of-memory input: a 9.6 KB file whose pickle announces a 3.59 GB string.
   const std::string oom = error_of(
       [&] { replay::import_step_file((corpus / "regression-pickle-string-length.pt").string(), dir.path); });
@@ -362,6 +362,9 @@ TEST_CASE("a torch.save file that declares more bytes than it has is refused bef
   // for it, and its NotImplementedError escaped the import; now refused, naming the entry.
   CHECK(error_of([&] { replay::import_step_file((corpus / "regression-uint4-tensor.pt").string(), dir.path); })
             .find("entry 'q' is a UInt4 tensor") != std::string::npos);
+  // And a LONG_BINPUT whose memo index (1 869 898 497) made LibTorch's unpickler ask for 30 GB.
+  CHECK(error_of([&] { replay::import_step_file((corpus / "regression-memo-index.pt").string(), dir.path); })
+            .find("a memo index of 1869898497 in a pickle of 210 bytes") != std::string::npos);
 
   // A well-formed file whose zip directory then claims 3 GB for data.pkl.
   c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
