@@ -13,8 +13,12 @@ ctest --output-on-failure "$@"
 # AddressSanitizer + UBSan over the torch-free tests, then each fuzz target for FUZZ_SECONDS (60):
 # one clang build (build-sanitize/) serves both (docs/RELIABILITY.md has their figures).
 "$root/scripts/asan.sh"
-# A finding fails the test command: its input goes into tests/fuzz/<target>/ as a regression input.
-"$root/scripts/fuzz.sh"
+# A finding of `spec` or `capsule` (our own parsers) fails the test command: its input goes into
+# tests/fuzz/<target>/ as a regression input. `import` reaches LibTorch's zip reader and unpickler:
+# on a fresh machine two of three 60 s runs found a new input there (each fixed and kept, see
+# docs/RELIABILITY.md), so its new findings are printed and kept in build-sanitize/findings/ but do
+# not fail an unrelated change; its kept inputs gate every run through CTest, which replays them.
+FUZZ_REPORT_ONLY=${FUZZ_REPORT_ONLY-import} "$root/scripts/fuzz.sh"
 
 # The pip route as a user takes it (scripts/test_install.sh): a fresh venv with torch==2.11.0,
 # `pip install .` (a second build into build-pip/, against that venv's own torch; ccache serves the
