@@ -401,7 +401,7 @@ FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::
   KernelPick pick;
   // Scratch sized for `kernel` (wgmma_atomic adds its fp32 dQ accumulator), grown when needed,
   // and the kernel's kept schedule (none under CUDA graph capture).
-  const bool keep_schedules = !capturing(stream) && stream == state->schedule_stream;
+  const bool keep_schedules = state->keep_schedules && !capturing(stream) && stream == state->schedule_stream;
   auto kept_for = [&](kc::BwdKernel kernel) {
     return !keep_schedules                         ? nullptr
            : kc::bwd_kernel_is_deterministic(kernel) ? state->bwd_schedule_merged
