@@ -14,12 +14,14 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/cpu_exp.h"
 
 namespace harness::kernels {
 
@@ -65,6 +67,48 @@ std::vector<BlockRef> merged_blocks(const at::Tensor& num_blocks, const at::Tens
     }
   }
   return merged;
+}
+
+// exp of the tiles: exp_f32 (kernels/cpu_exp.h), not Tensor::exp_(). Inside at::parallel_for,
+// ATen hands a contiguous float tensor's exp to MKL's VML, and MKL may split that one call over
+// its own threads; the part another thread computed came out with a relative error up to 5e-5
+// instead of an ulp. Measured on the forward of the "strided inputs" test (4 heads, 2 kv heads,
+// Q 80, KV 230, tiles 32x32, 2 cores): in ~2% of processes 3 957 of one tile's 8 192 probabilities
+// differed and the output moved by 3.4e-5 (CI failed on it); with MKL_NUM_THREADS=1, 0 of 150
+// processes. A result must not depend on which thread was idle; tests/cpu_attention_processes.sh
+// compares the bits across processes. (std::exp per element was also exact, but 38% slower.)
+
+//! x[..., r, c] = exp(x[..., r, c] - row[..., r, 0]) in place; both contiguous fp32. Compiled for
+//! AVX-512, AVX2 and the baseline, picked at load time by the CPU; none of them contracts into
+//! FMA, so every version gives the same bits.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void exp_minus_row_in_place(at::Tensor& x, const at::Tensor& row) {
+  TORCH_INTERNAL_ASSERT(x.is_contiguous() && row.is_contiguous() && x.scalar_type() == at::kFloat &&
+                        row.scalar_type() == at::kFloat && row.numel() * x.size(-1) == x.numel());
+  float* data = x.data_ptr<float>();
+  const float* row_data = row.data_ptr<float>();
+  const int64_t cols = x.size(-1);
+  for (int64_t r = 0, rows = row.numel(); r < rows; ++r) {
+    float* line = data + r * cols;
+    const float shift = row_data[r];
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) line[c] = exp_f32(line[c] - shift);
+  }
+}
+
+//! x = exp(x) in place; contiguous fp32 (one value per row: the baseline loop suffices).
+void exp_in_place(at::Tensor& x) {
+  TORCH_INTERNAL_ASSERT(x.is_contiguous() && x.scalar_type() == at::kFloat);
+  float* data = x.data_ptr<float>();
+  const int64_t n = x.numel();
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) data[i] = exp_f32(data[i]);
+}
+
+//! x = log(x) in place; contiguous fp32 (one value per row: not worth vectorizing).
+void log_in_place(at::Tensor& x) {
+  TORCH_INTERNAL_ASSERT(x.is_contiguous() && x.scalar_type() == at::kFloat);
+  float* data = x.data_ptr<float>();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) data[i] = std::log(data[i]);
 }
 
 //! Positions of a q tile and a kv tile.
@@ -150,8 +194,9 @@ FusedForward cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
         const Tile tile = tile_of(block_mask, q_block, kv_block.index);
         at::Tensor probabilities = tile_scores(q_tile, kv_tile_fp32(k, tile), state->mask, tile, kv_block.partial);
         const at::Tensor new_max = at::maximum(row_max, probabilities.amax(-1, true));
-        probabilities.sub_(new_max).exp_();
-        const at::Tensor correction = (row_max - new_max).exp_();
+        exp_minus_row_in_place(probabilities, new_max);
+        at::Tensor correction = row_max - new_max;
+        exp_in_place(correction);
         row_sum.mul_(correction).add_(probabilities.sum(-1, true));
         acc.mul_(correction).add_(at::matmul(probabilities, kv_tile_fp32(v, tile)));
         row_max = new_max;
@@ -160,7 +205,8 @@ FusedForward cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
       // Every other row has row_sum >= 1 (its maximum contributes exp(0)), untouched by the clamp.
       acc.div_(row_sum.clamp_min(std::numeric_limits<float>::min()));
       out.slice(2, rows.q_begin, rows.q_end).copy_(layout.ungrouped(acc));
-      lse.slice(2, rows.q_begin, rows.q_end).copy_(layout.ungrouped(row_max.add_(row_sum.log_())).squeeze(-1));
+      log_in_place(row_sum);
+      lse.slice(2, rows.q_begin, rows.q_end).copy_(layout.ungrouped(row_max.add_(row_sum)).squeeze(-1));
     }
   });
 
@@ -207,7 +253,7 @@ FusedGradients cpu_backward(const at::Tensor& q, const at::Tensor& k, const at::
   // dS = P * (dP - delta) of one tile, with P returned too (the dK/dV pass needs it).
   const auto tile_gradients = [&](const QBlock& qb, const Tile& tile, bool partial) {
     at::Tensor probabilities = tile_scores(qb.q_scaled, kv_tile_fp32(k, tile), state->mask, tile, partial);
-    probabilities.sub_(qb.lse).exp_();
+    exp_minus_row_in_place(probabilities, qb.lse);
     at::Tensor grad_scores = at::matmul(qb.grad_out, kv_tile_fp32(v, tile).transpose(-2, -1));
     grad_scores.sub_(qb.delta).mul_(probabilities);
     return std::make_pair(probabilities, grad_scores);
