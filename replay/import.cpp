@@ -213,6 +213,34 @@ int64_t meta_int(const nlohmann::json& dims, const char* key, int64_t fallback, 
   return dims[key].get<int64_t>();
 }
 
+//! The bytes a tensor's sizes, strides and storage offset reach must lie inside its storage.
+//! LibTorch's unpickler sets them as the pickle says, unchecked, so a hostile file made the copy
+//! below read past the storage (ASan: SEGV in the copy kernel; found by the import fuzzer in CI
+//! from a fresh machine, session 7). Checked in 128-bit arithmetic, stopping as soon as the reach
+//! passes the storage's size, so no hostile size or stride can overflow it.
+void check_within_storage(const at::Tensor& tensor, const std::string& key, const std::string& where) {
+  if (tensor.layout() != at::kStrided || !tensor.has_storage())
+    throw CapsuleError(where + ": entry '" + key + "' is not a dense tensor");
+  const auto refuse = [&](const std::string& why) {
+    throw CapsuleError(where + ": entry '" + key + "' " + why + " (sizes " + c10::str(tensor.sizes()) + ", strides " +
+                       c10::str(tensor.strides()) + ", storage offset " + std::to_string(tensor.storage_offset()) + ")");
+  };
+  for (int64_t d = 0; d < tensor.dim(); ++d) {
+    if (tensor.size(d) < 0) refuse("has a negative size");
+    if (tensor.size(d) == 0) return;  // no element: nothing is read
+  }
+  if (tensor.storage_offset() < 0) refuse("has a negative storage offset");
+  // Whole elements the storage holds; the last element reached must be below that.
+  const auto capacity = static_cast<__int128>(tensor.storage().nbytes() / tensor.element_size());
+  __int128 last = tensor.storage_offset();  // < 2^63, and each step below adds < 2^126
+  for (int64_t d = 0; d < tensor.dim() && last < capacity; ++d) {
+    if (tensor.stride(d) < 0) refuse("has a negative stride");
+    last += static_cast<__int128>(tensor.size(d) - 1) * tensor.stride(d);
+  }
+  if (last >= capacity)
+    refuse("reaches past its storage of " + std::to_string(tensor.storage().nbytes()) + " bytes");
+}
+
 //! A tensor of the unpickled dict as a contiguous CPU tensor. Only the dtypes a step can hold
 //! (floating point, integers, bool) are copied: LibTorch has no copy kernel for some others (a
 //! UInt4 tensor made `.contiguous()` throw NotImplementedError, found by the import fuzzer), and
@@ -222,6 +250,7 @@ at::Tensor imported_tensor(const at::Tensor& tensor, const std::string& key, con
   if (!at::isFloatingType(type) && !at::isIntegralType(type, /*includeBool=*/true))
     throw CapsuleError(where + ": entry '" + key + "' is a " + c10::toString(type) +
                        " tensor; a step holds floating-point tensors (q, k, v, grad_out: bf16, fp16 or fp32)");
+  check_within_storage(tensor, key, where);
   try {
     return tensor.detach().to(at::kCPU).contiguous();
   } catch (const c10::Error& error) {
