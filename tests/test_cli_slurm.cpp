@@ -5,10 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -51,14 +53,31 @@ json status_of(const Sandbox& box, int64_t run_id) {
 
 // Waits until array task `task` runs and has begun its trials (its first shard exists), so that a
 // scancel lands mid-trial. Fails the test after two minutes.
-void wait_until_running(const Sandbox& box, int64_t run_id, int task) {
+// Whether the trial child of `variant` runs: a `harness __trial ... --variant <variant> ...`
+// process (the one-node Slurm runs on this machine). Only tests/cli/slurm_slow.json has these
+// variant names.
+bool trial_child_running(const std::string& variant) {
+  std::error_code error;
+  for (fs::directory_iterator entry("/proc", error), end; !error && entry != end; entry.increment(error)) {
+    std::ifstream in(entry->path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (contains(cmdline, " __trial ") && contains(cmdline, " --variant " + variant + " ")) return true;
+  }
+  return false;
+}
+
+// Until array task `task` runs and is inside the trial of `variant` (its shard alone is not enough:
+// a scancel between the shard's creation and the trial's start left no interrupted trial to find,
+// and the requeue test failed once on a loaded machine).
+void wait_until_running(const Sandbox& box, int64_t run_id, int task, const std::string& variant) {
   for (int i = 0; i < 240; ++i) {
     const json status = status_of(box, run_id);
     const std::string shard = status["run_dir"].get<std::string>() + "/shards/task-" + std::to_string(task) + ".attempt-0.db";
-    if (status["tasks"][task]["state"] == "RUNNING" && fs::exists(shard)) return;
+    if (status["tasks"][task]["state"] == "RUNNING" && fs::exists(shard) && trial_child_running(variant)) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
-  FAIL("array task " << task << " never started running");
+  FAIL("array task " << task << " never started its trial " << variant);
 }
 
 int64_t submit_no_wait(const Sandbox& box, const std::string& args, std::string& job_id) {
@@ -157,7 +176,7 @@ TEST_CASE("a task cancelled mid-run is requeued and the run completes, --no-wait
   Sandbox box;
   std::string job_id;
   const int64_t run_id = submit_no_wait(box, kSlow + " --device cpu --retries 1", job_id);
-  wait_until_running(box, run_id, 1);  // task 1 is inside a trial that hangs until its timeout
+  wait_until_running(box, run_id, 1, "stall");  // inside a trial that hangs until its timeout
   REQUIRE(std::system(("scancel " + job_id + "_1").c_str()) == 0);
 
   const Result collect = box.harness("slurm collect " + std::to_string(run_id) + " --json --db " + box.db());
@@ -197,7 +216,7 @@ TEST_CASE("tasks cancelled beyond their retries leave not_run trials with Slurm'
   const int64_t run_id = submit_no_wait(box, kSlow + " --device cpu --retries 0 --array-parallel 1", job_id);
   const json pending = status_of(box, run_id);
   REQUIRE(pending["tasks"].size() == 2);
-  wait_until_running(box, run_id, 0);
+  wait_until_running(box, run_id, 0, "hang");
   REQUIRE(std::system(("scancel " + job_id + "_1").c_str()) == 0);  // never ran
   REQUIRE(std::system(("scancel " + job_id + "_0").c_str()) == 0);  // killed mid-trial
 
