@@ -78,10 +78,17 @@ std::vector<BlockRef> merged_blocks(const at::Tensor& num_blocks, const at::Tens
 // processes. A result must not depend on which thread was idle; tests/cpu_attention_processes.sh
 // compares the bits across processes. (std::exp per element was also exact, but 38% slower.)
 
-//! x[..., r, c] = exp(x[..., r, c] - row[..., r, 0]) in place; both contiguous fp32. Compiled for
-//! AVX-512, AVX2 and the baseline, picked at load time by the CPU; none of them contracts into
-//! FMA, so every version gives the same bits.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void exp_minus_row_in_place(at::Tensor& x, const at::Tensor& row) {
+// On x86-64 the loop is compiled for AVX-512, AVX2 and the baseline, picked at load time by the
+// CPU; none of them contracts into FMA, so every version gives the same bits. Elsewhere (aarch64:
+// Grace) the baseline only.
+#if defined(__x86_64__)
+#define HARNESS_EXP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define HARNESS_EXP_CLONES
+#endif
+
+//! x[..., r, c] = exp(x[..., r, c] - row[..., r, 0]) in place; both contiguous fp32.
+HARNESS_EXP_CLONES void exp_minus_row_in_place(at::Tensor& x, const at::Tensor& row) {
   TORCH_INTERNAL_ASSERT(x.is_contiguous() && row.is_contiguous() && x.scalar_type() == at::kFloat &&
                         row.scalar_type() == at::kFloat && row.numel() * x.size(-1) == x.numel());
   float* data = x.data_ptr<float>();
