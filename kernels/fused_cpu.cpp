@@ -106,9 +106,7 @@ HARNESS_EXP_CLONES void exp_minus_row_in_place(at::Tensor& x, const at::Tensor& 
 void exp_in_place(at::Tensor& x) {
   TORCH_INTERNAL_ASSERT(x.is_contiguous() && x.scalar_type() == at::kFloat);
   float* data = x.data_ptr<float>();
-  const int64_t n = x.numel();
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) data[i] = exp_f32(data[i]);
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) data[i] = exp_f32(data[i]);
 }
 
 //! x = log(x) in place; contiguous fp32 (one value per row: not worth vectorizing).
