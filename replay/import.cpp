@@ -79,6 +79,8 @@ uint64_t little_endian(const char* bytes, size_t at, int count) {
 // 1. Every entry of the zip's central directory: stored (torch.save does not compress), and its
 //    size (zip64's when the 32-bit field says so) within the file.
 void check_zip_sizes(const std::vector<char>& bytes, const std::string& where) {
+  // The little-endian unsigned integer of `count` bytes at `at`.
+  const auto uint_at = [&](size_t at, int count) { return little_endian(bytes.data(), at, count); };
   const size_t n = bytes.size();
   const auto refuse = [&](const std::string& what) {
     throw CapsuleError(where + ": not a torch.save file this reader trusts: " + what);
@@ -87,36 +89,36 @@ void check_zip_sizes(const std::vector<char>& bytes, const std::string& where) {
   // The end-of-central-directory record: the last "PK\5\6" within the final 64 KiB + 22 bytes.
   size_t end = std::string::npos;
   for (size_t at = n - 22 + 1; at-- > 0 && n - at <= 65557;)
-    if (little_endian(bytes.data(), at, 4) == 0x06054b50) { end = at; break; }
+    if (uint_at(at, 4) == 0x06054b50) { end = at; break; }
   if (end == std::string::npos) refuse("no zip end-of-central-directory record");
-  uint64_t entries = little_endian(bytes.data(), end + 10, 2);
-  uint64_t directory = little_endian(bytes.data(), end + 16, 4);
+  uint64_t entries = uint_at(end + 10, 2);
+  uint64_t directory = uint_at(end + 16, 4);
   if (entries == 0xffff || directory == 0xffffffff) {  // zip64: its locator sits just before
-    if (end < 20 || little_endian(bytes.data(), end - 20, 4) != 0x07064b50) refuse("a zip64 archive without its locator");
-    const uint64_t record = little_endian(bytes.data(), end - 20 + 8, 8);
-    if (record > n - 56 || n < 56 || little_endian(bytes.data(), record, 4) != 0x06064b50) refuse("a damaged zip64 end record");
-    entries = little_endian(bytes.data(), record + 32, 8);
-    directory = little_endian(bytes.data(), record + 48, 8);
+    if (end < 20 || uint_at(end - 20, 4) != 0x07064b50) refuse("a zip64 archive without its locator");
+    const uint64_t record = uint_at(end - 20 + 8, 8);
+    if (record > n - 56 || n < 56 || uint_at(record, 4) != 0x06064b50) refuse("a damaged zip64 end record");
+    entries = uint_at(record + 32, 8);
+    directory = uint_at(record + 48, 8);
   }
   if (directory > n) refuse("the zip directory starts past the end of the file");
   if (entries > n / 46) refuse(std::to_string(entries) + " zip entries declared in a file of " + std::to_string(n) + " bytes");
   size_t at = directory;
   for (uint64_t entry = 0; entry < entries; ++entry) {
-    if (at > n || n - at < 46 || little_endian(bytes.data(), at, 4) != 0x02014b50) refuse("a damaged zip directory entry");
-    const uint64_t method = little_endian(bytes.data(), at + 10, 2);
-    uint64_t compressed = little_endian(bytes.data(), at + 20, 4), size = little_endian(bytes.data(), at + 24, 4);
-    const size_t name = little_endian(bytes.data(), at + 28, 2), extra = little_endian(bytes.data(), at + 30, 2),
-                 comment = little_endian(bytes.data(), at + 32, 2);
+    if (at > n || n - at < 46 || uint_at(at, 4) != 0x02014b50) refuse("a damaged zip directory entry");
+    const uint64_t method = uint_at(at + 10, 2);
+    uint64_t compressed = uint_at(at + 20, 4), size = uint_at(at + 24, 4);
+    const size_t name = uint_at(at + 28, 2), extra = uint_at(at + 30, 2),
+                 comment = uint_at(at + 32, 2);
     if (n - at - 46 < name + extra + comment) refuse("a zip directory entry runs past the end of the file");
     const std::string entry_name(bytes.data() + at + 46, name);
     if (size == 0xffffffff || compressed == 0xffffffff) {  // zip64 extended information: 8-byte sizes
       for (size_t field = at + 46 + name; field + 4 <= at + 46 + name + extra;) {
-        const uint64_t id = little_endian(bytes.data(), field, 2), length = little_endian(bytes.data(), field + 2, 2);
+        const uint64_t id = uint_at(field, 2), length = uint_at(field + 2, 2);
         if (field + 4 + length > at + 46 + name + extra) break;
         if (id == 0x0001) {
           size_t value = field + 4;
-          if (size == 0xffffffff && value + 8 <= field + 4 + length) size = little_endian(bytes.data(), value, 8), value += 8;
-          if (compressed == 0xffffffff && value + 8 <= field + 4 + length) compressed = little_endian(bytes.data(), value, 8);
+          if (size == 0xffffffff && value + 8 <= field + 4 + length) size = uint_at(value, 8), value += 8;
+          if (compressed == 0xffffffff && value + 8 <= field + 4 + length) compressed = uint_at(value, 8);
         }
         field += 4 + length;
       }

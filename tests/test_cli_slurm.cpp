@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -51,25 +50,23 @@ json status_of(const Sandbox& box, int64_t run_id) {
   return json::parse(status.out);
 }
 
-// Waits until array task `task` runs and has begun its trials (its first shard exists), so that a
-// scancel lands mid-trial. Fails the test after two minutes.
 // Whether the trial child of `variant` runs: a `harness __trial ... --variant <variant> ...`
 // process (the one-node Slurm runs on this machine). Only tests/cli/slurm_slow.json has these
 // variant names.
 bool trial_child_running(const std::string& variant) {
   std::error_code error;
   for (fs::directory_iterator entry("/proc", error), end; !error && entry != end; entry.increment(error)) {
-    std::ifstream in(entry->path() / "cmdline", std::ios::binary);
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string cmdline = harness::test::slurp(entry->path() / "cmdline");
     std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
     if (contains(cmdline, " __trial ") && contains(cmdline, " --variant " + variant + " ")) return true;
   }
   return false;
 }
 
-// Until array task `task` runs and is inside the trial of `variant` (its shard alone is not enough:
-// a scancel between the shard's creation and the trial's start left no interrupted trial to find,
-// and the requeue test failed once on a loaded machine).
+// Waits until array task `task` runs and is inside the trial of `variant`, so that a scancel lands
+// mid-trial (its shard alone is not enough: a scancel between the shard's creation and the trial's
+// start left no interrupted trial to find, and the requeue test failed once on a loaded machine).
+// Fails the test after two minutes.
 void wait_until_running(const Sandbox& box, int64_t run_id, int task, const std::string& variant) {
   for (int i = 0; i < 240; ++i) {
     const json status = status_of(box, run_id);
