@@ -245,7 +245,7 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
     case FwdKernel::wgmma_m64_n64:
       return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 64, 1, 2, 2>>(params, tile, schedule, ctas, stream);
     case FwdKernel::wgmma_m128_n128_pingpong:
-      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 128, 2, 2, 1, true>>(params, tile, schedule, ctas, stream);
+      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 128, 2, 3, 1, true>>(params, tile, schedule, ctas, stream);
   }
   throw UnsupportedConfig("fused_cuda attention: unknown forward kernel " + std::to_string(static_cast<int>(params.kernel)));
 }

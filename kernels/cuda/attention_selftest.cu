@@ -8,10 +8,11 @@
 //
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I. kernels/cuda/attention_selftest.cu
 //        kernels/cuda/attention_launch.cu -o attention_selftest      (one command line)
-//   ./attention_selftest [--quick | --small | --tiny] [--experimental] [--log FILE]
+//   ./attention_selftest [--quick | --small | --tiny] [--only TEXT] [--experimental] [--log FILE]
 // --quick skips the two larger real-dims cases, --small every real-dims case (for
-// compute-sanitizer), --tiny runs the first small case only. --experimental also checks and times
-// the kernels of kExperimentalFwdKernels (not autotuner candidates yet).
+// compute-sanitizer), --tiny runs the first small case only, --only the cases whose name contains
+// TEXT (e.g. "REAL causal", to profile one case's kernels under Nsight Compute). --experimental
+// also checks and times the kernels of kExperimentalFwdKernels (not autotuner candidates yet).
 // Exit status 0 only when every check passes.
 
 #include <cuda_bf16.h>
@@ -864,10 +865,12 @@ Problem problem(const std::string& name, int batch, int heads, int kv_heads, int
 
 int main(int argc, char** argv) {
   bool quick = false, small = false, tiny = false;
+  const char* only = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--small")) small = true;
     if (!std::strcmp(argv[i], "--tiny")) tiny = true;
+    if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     if (!std::strcmp(argv[i], "--experimental")) g_experimental = true;
     if (!std::strcmp(argv[i], "--log") && i + 1 < argc) g_log = std::fopen(argv[++i], "w");
   }
@@ -906,6 +909,15 @@ int main(int argc, char** argv) {
                                  make_dflash(512, 16, equal_docs(8192, 4), false, false, 6), false, true));
       problems.push_back(problem("REAL causal 128 anchors", 1, 32, 8, 128,
                                  make_simple(MaskCode::causal, 2048, 8192 + 2048, {}, 0), false, true));
+    }
+    if (only) {
+      problems.erase(std::remove_if(problems.begin(), problems.end(),
+                                    [&](const Problem& pr) { return pr.name.find(only) == std::string::npos; }),
+                     problems.end());
+      if (problems.empty()) {
+        std::fprintf(stderr, "--only %s: no case's name contains it\n", only);
+        return 2;
+      }
     }
 
     struct Row {

@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/attention_params.h"
@@ -148,12 +149,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     constexpr int kTurn = 4;  // ids 4 and 5 (1 and 2 are the epilogue's)
     const int other = 1 - consumer;
     uint32_t p_frag[kBlockN / 16][4];  // P of the previous step
-    float s[kBlockN / 8][4];
     // The issue helpers wait for nothing: each turn waits for its tiles before its first wgmma, so
     // no wait loop sits between two in-flight products.
     auto wait_k = [&](int step) { mbarrier_wait(k_full(step % kStages), (step / kStages) & 1); };
     auto wait_v = [&](int step) { mbarrier_wait(v_full(step % kStages), (step / kStages) & 1); };
-    auto issue_s = [&](int step) {
+    // S is each turn's own array (nothing of it carries over to the next turn; the SASS is the
+    // same as with one array for all turns).
+    using STile = float[kBlockN / 8][4];
+    auto issue_s = [&](STile& s, int step) {
       const uint32_t k_stage = s_k + (step % kStages) * Cfg::kKvBytes;
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -172,12 +175,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       }
       wgmma_commit();
     };
-    // After S_step is in: mask, softmax (O's factor in corr, applied once P V of the last step is
-    // done). The mask goes through a bit set and is applied to every block unconditionally: S is
-    // then never written on a divergent path while P V runs (ptxas would serialize the wgmma).
+    // The mask of a step as one bit per score of this thread, computed before the turn's products
+    // are issued (it does not depend on S): between the two waits below the code must be free of
+    // branches, or ptxas puts the wait for P V at the branch and the softmax no longer overlaps it.
     static_assert(kBlockN / 2 <= 64, "one bit per score of this thread");
-    auto softmax = [&](int step, float (&corr)[2]) {
-      fence_registers(s);
+    auto keep_bits = [&](int step) {
       const int kv0 = kv_block_at(step) * kBlockN;
       uint64_t keep = ~uint64_t{0};
       if (step < num_partial || kv0 + kBlockN > kv_len) {
@@ -190,56 +192,79 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
           }
         }
       }
+      return keep;
+    };
+    auto apply_keep = [&](STile& s, uint64_t keep) {
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[j][e] = (keep >> (4 * j + e)) & 1 ? s[j][e] : -INFINITY;
       }
-      online_softmax_scores<kBlockN>(s, row_max, row_sum, scale_log2, corr);
     };
-    auto rescale_and_pack = [&](const float (&corr)[2]) {
-#pragma unroll
-      for (int d = 0; d < kHeadDim / 8; ++d) {
-        acc_o[d][0] *= corr[0];
-        acc_o[d][1] *= corr[0];
-        acc_o[d][2] *= corr[1];
-        acc_o[d][3] *= corr[1];
-      }
+    // Turn `step` (1 <= step < n): S_step and P V of step - 1, in FlashAttention-3's order: O takes
+    // the previous softmax's factor between the two issues (S does not read O), so that after the
+    // wait for P V only P's packing is left; with the rescale after that wait ptxas scheduled the
+    // wait into the middle of the softmax. kMasked: the step may need its mask (a partial block,
+    // or the ragged last one); the unmasked turns skip even the selects.
+    auto turn = [&](int step, float (&corr)[2], auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      uint64_t keep = ~uint64_t{0};
+      if constexpr (kMasked) keep = keep_bits(step);
+      float s[kBlockN / 8][4];
+      named_barrier_sync(kTurn + consumer, 256);
+      wait_k(step);
+      wait_v(step - 1);
+      wgmma_fence();
+      issue_s(s, step);
+      scale_rows<kHeadDim>(acc_o, corr);
+      fence_registers(acc_o);
+      wgmma_fence();
+      issue_pv(step - 1);
+      named_barrier_arrive(kTurn + other, 256);
+      wgmma_wait<1>();  // S is in; P V still runs while this warpgroup does the softmax
+      fence_registers(s);
+      if constexpr (kMasked) apply_keep(s, keep);
+      online_softmax_scores<kBlockN>(s, row_max, row_sum, scale_log2, corr);
+      fence_registers(s);
+      // ptxas hoists a wgmma wait to the top of its basic block (here: above the softmax, which
+      // then no longer overlaps P V). A wait loop ends the block here: the one for this step's V
+      // (loaded with K_step, so already in or nearly; the next turn needs it). Not K_{step+1}:
+      // with two stages it waits on this stage's release just below, a deadlock.
+      wait_v(step);
+      wgmma_wait<0>();
+      fence_registers(acc_o);
+      mbarrier_arrive(kv_empty((step - 1) % kStages));  // this thread is done with the previous stage
+      // P is packed only now: p_frag is P V's operand until the wait, and ptxas serializes every
+      // wgmma if a wgmma's input register is written while a product is in flight (C7513).
       to_a_fragments<kBlockN / 16>(p_frag, s);
     };
     if (num_blocks > 0) {
+      float corr[2];  // O's factor from the last softmax, applied before the next P V
       if (consumer == 1) named_barrier_arrive(kTurn + 0, 256);
-      {  // turn 0: S_0
-        float corr[2];
+      {  // turn 0: S_0 (nothing else in flight: the mask may branch)
+        const uint64_t keep = keep_bits(0);
+        float s[kBlockN / 8][4];
         named_barrier_sync(kTurn + consumer, 256);
         wait_k(0);
         wgmma_fence();
-        issue_s(0);
+        issue_s(s, 0);
         named_barrier_arrive(kTurn + other, 256);
         wgmma_wait<0>();
-        softmax(0, corr);
-        rescale_and_pack(corr);
+        fence_registers(s);
+        apply_keep(s, keep);
+        online_softmax_scores<kBlockN>(s, row_max, row_sum, scale_log2, corr);
+        to_a_fragments<kBlockN / 16>(p_frag, s);
       }
-      for (int step = 1; step < num_blocks; ++step) {  // turn step: S_step and P V of step - 1
-        float corr[2];
-        named_barrier_sync(kTurn + consumer, 256);
-        wait_k(step);
-        wait_v(step - 1);
-        fence_registers(acc_o);
-        wgmma_fence();
-        issue_s(step);
-        issue_pv(step - 1);
-        named_barrier_arrive(kTurn + other, 256);
-        wgmma_wait<1>();  // S is in; P V may still run
-        softmax(step, corr);
-        wgmma_wait<0>();
-        fence_registers(acc_o);
-        mbarrier_arrive(kv_empty((step - 1) % kStages));  // this thread is done with the previous stage
-        rescale_and_pack(corr);
-      }
+      // The listed blocks come partial first; a ragged KV length masks the last block too, so then
+      // every turn takes the masked path.
+      const int masked_steps = kv_len % kBlockN != 0 ? num_blocks : num_partial;
+      int step = 1;
+      for (; step < masked_steps; ++step) turn(step, corr, std::true_type{});
+      for (; step < num_blocks; ++step) turn(step, corr, std::false_type{});
       {  // turn n: P V of the last step
         named_barrier_sync(kTurn + consumer, 256);
         wait_v(num_blocks - 1);
+        scale_rows<kHeadDim>(acc_o, corr);
         fence_registers(acc_o);
         wgmma_fence();
         issue_pv(num_blocks - 1);

@@ -59,67 +59,67 @@ __device__ __forceinline__ void mask_scores_transposed(float (&st)[kCols / 8][4]
   }
 }
 
-//! One online-softmax step of the forward: folds the tile's row maxima into row_max (raw scores),
-//! rescales acc_o and row_sum by what the new maxima change, and turns s into the tile's
-//! unnormalized probabilities 2^(s scale log2e - max), adding them to row_sum (this thread's
-//! columns only; quad-reduced at the end).
-template <int kCols, int kHeadDim>
-__device__ __forceinline__ void online_softmax(float (&s)[kCols / 8][4], float (&acc_o)[kHeadDim / 8][4], float (&row_max)[2],
-                                               float (&row_sum)[2], float scale_log2) {
-  float base[2];
+//! The max of row i's scores of this thread (and m0) in four independent chains: one chain of
+//! kCols / 4 dependent FMNMX would leave the warp stalled on its latency.
+template <int kCols>
+__device__ __forceinline__ float tile_row_max(const float (&s)[kCols / 8][4], int i, float m0) {
+  float m[4] = {m0, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float m = row_max[i];
-#pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) m = fmaxf(m, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
-    m = quad_max(m);
-    // A row with nothing visible so far keeps max -inf; subtract 0 then (every p is 0).
-    base[i] = m == -INFINITY ? 0.f : m * scale_log2;
-    // corr rescales what was accumulated under the previous max; nothing was when it was -inf.
-    const float corr = row_max[i] == -INFINITY ? 0.f : exp2_approx(row_max[i] * scale_log2 - base[i]);
-    row_max[i] = m;
-    row_sum[i] *= corr;
-#pragma unroll
-    for (int d = 0; d < kHeadDim / 8; ++d) {
-      acc_o[d][2 * i] *= corr;
-      acc_o[d][2 * i + 1] *= corr;
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kCols / 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      s[j][e] = exp2_approx(fmaf(s[j][e], scale_log2, -base[e >> 1]));
-      row_sum[e >> 1] += s[j][e];
-    }
-  }
+  for (int j = 0; j < kCols / 8; ++j) m[j % 4] = fmaxf(m[j % 4], fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+  return fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
 }
 
-//! online_softmax without touching O: returns in corr the factor O must be scaled by once the
-//! MMAs still adding to it (the previous step's P V) are done.
+//! One online-softmax step of the forward without touching O: folds the tile's row maxima into
+//! row_max (raw scores), rescales row_sum by what the new maxima change and returns that factor
+//! in corr (O's, applied by the caller: at once, or once the MMAs still adding to O are done),
+//! and turns s into the tile's unnormalized probabilities 2^(s scale log2e - max), adding them to
+//! row_sum (this thread's columns only, quad-reduced at the end; four partial sums per row, for
+//! the same reason as tile_row_max).
 template <int kCols>
 __device__ __forceinline__ void online_softmax_scores(float (&s)[kCols / 8][4], float (&row_max)[2], float (&row_sum)[2],
                                                       float scale_log2, float (&corr)[2]) {
   float base[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float m = row_max[i];
-#pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) m = fmaxf(m, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
-    m = quad_max(m);
+    const float m = quad_max(tile_row_max<kCols>(s, i, row_max[i]));
+    // A row with nothing visible so far keeps max -inf; subtract 0 then (every p is 0).
     base[i] = m == -INFINITY ? 0.f : m * scale_log2;
+    // corr rescales what was accumulated under the previous max; nothing was when it was -inf.
     corr[i] = row_max[i] == -INFINITY ? 0.f : exp2_approx(row_max[i] * scale_log2 - base[i]);
     row_max[i] = m;
-    row_sum[i] *= corr[i];
   }
+  float part[2][4] = {};
 #pragma unroll
   for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       s[j][e] = exp2_approx(fmaf(s[j][e], scale_log2, -base[e >> 1]));
-      row_sum[e >> 1] += s[j][e];
+      part[e >> 1][(j & 1) * 2 + (e & 1)] += s[j][e];
     }
   }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) row_sum[i] = fmaf(row_sum[i], corr[i], (part[i][0] + part[i][1]) + (part[i][2] + part[i][3]));
+}
+
+//! Scales this thread's two rows of an accumulator tile (O) by corr[0] and corr[1].
+template <int kCols>
+__device__ __forceinline__ void scale_rows(float (&acc)[kCols / 8][4], const float (&corr)[2]) {
+#pragma unroll
+  for (int d = 0; d < kCols / 8; ++d) {
+    acc[d][0] *= corr[0];
+    acc[d][1] *= corr[0];
+    acc[d][2] *= corr[1];
+    acc[d][3] *= corr[1];
+  }
+}
+
+//! online_softmax_scores with O rescaled at once (nothing is adding to it meanwhile).
+template <int kCols, int kHeadDim>
+__device__ __forceinline__ void online_softmax(float (&s)[kCols / 8][4], float (&acc_o)[kHeadDim / 8][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float scale_log2) {
+  float corr[2];
+  online_softmax_scores<kCols>(s, row_max, row_sum, scale_log2, corr);
+  scale_rows<kHeadDim>(acc_o, corr);
 }
 
 //! Backward, S -> P = 2^(S scale log2e - lse2) with the rows' log2-scaled LSE.
