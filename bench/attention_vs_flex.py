@@ -645,12 +645,15 @@ def describe(describer, c):
 
 
 def git_commit():
-    """The commit ours runs at: git, or .deps/git_commit on the device copy (no .git there)."""
+    """The commit ours runs at (with -dirty when tracked files differ from it): git, or
+    .deps/git_commit on a device copy without .git."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         if commit:
-            return commit
+            changed = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                                     capture_output=True, text=True).stdout.strip()
+            return commit + ("-dirty" if changed else "")
     except OSError:
         pass
     try:
