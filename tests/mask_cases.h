@@ -1,6 +1,6 @@
 #pragma once
-// Test inputs shared by the BlockMask and attention tests: every mask kind for a geometry, and
-// the skip used by [cuda] tests on machines without a GPU.
+// Test inputs shared by the BlockMask and attention tests: every mask kind for a geometry, one
+// mask from a few numbers, and the skip used by [cuda] tests on machines without a GPU.
 
 #include <string>
 #include <vector>
@@ -46,6 +46,21 @@ inline std::vector<NamedMask> every_mask_kind(const kernels::AttentionGeometry& 
   other.kind = MaskKind::full;
   add("full", other);
   return masks;
+}
+
+//! The mask of `kind` on a geometry given by its head counts, anchors and context (the rest at
+//! AttentionGeometry's defaults), the KV split into `documents` equal documents.
+inline kernels::ResolvedMask mask_of(kernels::MaskKind kind, int64_t heads, int64_t kv_heads, int64_t anchors,
+                                     int64_t context, int64_t documents = 1) {
+  kernels::AttentionGeometry geometry;
+  geometry.heads = heads;
+  geometry.kv_heads = kv_heads;
+  geometry.anchors = anchors;
+  geometry.context = context;
+  kernels::MaskDesc desc;
+  desc.kind = kind;
+  desc.documents = documents;
+  return kernels::resolve_mask(desc, geometry);
 }
 
 }  // namespace harness::test

@@ -20,6 +20,7 @@
 #include "kernels/attention.h"
 #include "kernels/cpu_exp.h"
 #include "tests/catch.h"
+#include "tests/mask_cases.h"
 
 using namespace harness::kernels;
 
@@ -50,17 +51,7 @@ double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
 
 // DFlash over two documents, 4 heads on 2 kv heads, 5 anchors, context 150 (Q 80, KV 230): the
 // strided-inputs case and the across-processes fingerprint.
-ResolvedMask strided_case_mask() {
-  AttentionGeometry geometry;
-  geometry.heads = 4;
-  geometry.kv_heads = 2;
-  geometry.anchors = 5;
-  geometry.context = 150;
-  MaskDesc desc;
-  desc.kind = MaskKind::dflash;
-  desc.documents = 2;
-  return resolve_mask(desc, geometry);
-}
+ResolvedMask strided_case_mask() { return harness::test::mask_of(MaskKind::dflash, 4, 2, 5, 150, 2); }
 
 bool all_finite(const Result& r) {
   for (const at::Tensor* t : {&r.out, &r.grad_q, &r.grad_k, &r.grad_v}) {
@@ -246,14 +237,7 @@ TEST_CASE("fused CPU attention takes strided inputs and broadcast gradients", "[
 }
 
 TEST_CASE("attention records which implementation ran, forward and backward", "[attention]") {
-  AttentionGeometry geometry;
-  geometry.heads = 4;
-  geometry.kv_heads = 2;
-  geometry.anchors = 4;
-  geometry.context = 200;
-  MaskDesc desc;
-  desc.kind = MaskKind::dflash;
-  MaskContext mask(resolve_mask(desc, geometry));
+  MaskContext mask(harness::test::mask_of(MaskKind::dflash, 4, 2, 4, 200));
   const at::Tensor q = at::randn({1, 4, 64, 64});
   const at::Tensor k = at::randn({1, 2, 264, 64});
   const at::Tensor grad_out = at::randn({1, 4, 64, 64});
@@ -334,18 +318,11 @@ TEST_CASE("without CUDA kernels, fused on a CUDA tensor is unsupported", "[atten
 TEST_CASE("the fused backward allocates no Q x KV tensor, the dense one does", "[attention]") {
   // 8 heads sharing one kv head, Q 512, KV 4608: one fp32 score tensor is 75.5 MB, the fp32
   // inputs and output together 4.4 MB.
-  AttentionGeometry geometry;
-  geometry.heads = 8;
-  geometry.kv_heads = 1;
-  geometry.anchors = 32;
-  geometry.context = 4096;
-  MaskDesc desc;
-  desc.kind = MaskKind::dflash;
-  desc.documents = 4;
-  MaskContext mask(resolve_mask(desc, geometry));
+  const ResolvedMask resolved = harness::test::mask_of(MaskKind::dflash, 8, 1, 32, 4096, 4);
+  MaskContext mask(resolved);
   mask.block_mask(64, 64, at::kCPU);  // built outside the measurement, as the experiments do
   mask.dense(at::kCPU);
-  const int64_t q_len = geometry.q_len(), kv_len = geometry.kv_len();
+  const int64_t q_len = resolved.q_len, kv_len = resolved.kv_len;
   const int64_t score_bytes = 8 * q_len * kv_len * 4;
   const int64_t linear_bytes = (2 * 8 * q_len * 64 + 2 * kv_len * 64) * 4;
 

@@ -17,6 +17,7 @@
 #include "kernels/mask_desc.h"
 #include "tests/catch.h"
 #include "tests/gpu.h"
+#include "tests/mask_cases.h"
 
 #ifdef HARNESS_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -452,17 +453,11 @@ TEST_CASE("fused_cuda refuses what it has no kernel for", "[cuda][attention]") {
 TEST_CASE("without CUDA kernels, fused attention on CUDA tensors is unsupported", "[cuda][attention]") {
   REQUIRE_FALSE(cuda_kernels_built());
   if (!torch::cuda::is_available()) return;
-  AttentionGeometry geometry;
-  geometry.heads = 2;
-  geometry.kv_heads = 1;
-  geometry.anchors = 2;
-  geometry.context = 64;
-  MaskDesc desc;
-  desc.kind = MaskKind::causal;
-  MaskContext mask(resolve_mask(desc, geometry));
+  const ResolvedMask resolved = harness::test::mask_of(MaskKind::causal, 2, 1, 2, 64);
+  MaskContext mask(resolved);
   const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
-  const at::Tensor q = at::randn({1, 2, geometry.q_len(), 64}, cuda);
-  const at::Tensor k = at::randn({1, 1, geometry.kv_len(), 64}, cuda);
+  const at::Tensor q = at::randn({1, 2, resolved.q_len, 64}, cuda);
+  const at::Tensor k = at::randn({1, 1, resolved.kv_len, 64}, cuda);
   AttentionOptions options;
   options.impl = AttentionImpl::fused;
   CHECK_THROWS_AS(attention(q, k, k, mask, options), UnsupportedError);
