@@ -102,18 +102,13 @@ HARNESS_EXP_CLONES void exp_minus_row_in_place(at::Tensor& x, const at::Tensor& 
   }
 }
 
-//! x = exp(x) in place; contiguous fp32 (one value per row: the baseline loop suffices).
-void exp_in_place(at::Tensor& x) {
+//! x = f(x) elementwise in place; contiguous fp32. For the row statistics (one value per row:
+//! exp_f32 of the max's correction, std::log of the sum), where the baseline loop suffices.
+template <class F>
+void map_in_place(at::Tensor& x, F f) {
   TORCH_INTERNAL_ASSERT(x.is_contiguous() && x.scalar_type() == at::kFloat);
   float* data = x.data_ptr<float>();
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) data[i] = exp_f32(data[i]);
-}
-
-//! x = log(x) in place; contiguous fp32 (one value per row: not worth vectorizing).
-void log_in_place(at::Tensor& x) {
-  TORCH_INTERNAL_ASSERT(x.is_contiguous() && x.scalar_type() == at::kFloat);
-  float* data = x.data_ptr<float>();
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) data[i] = std::log(data[i]);
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) data[i] = f(data[i]);
 }
 
 //! Positions of a q tile and a kv tile.
@@ -201,7 +196,7 @@ FusedForward cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
         const at::Tensor new_max = at::maximum(row_max, probabilities.amax(-1, true));
         exp_minus_row_in_place(probabilities, new_max);
         at::Tensor correction = row_max - new_max;
-        exp_in_place(correction);
+        map_in_place(correction, [](float v) { return exp_f32(v); });
         row_sum.mul_(correction).add_(probabilities.sum(-1, true));
         acc.mul_(correction).add_(at::matmul(probabilities, kv_tile_fp32(v, tile)));
         row_max = new_max;
@@ -210,7 +205,7 @@ FusedForward cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
       // Every other row has row_sum >= 1 (its maximum contributes exp(0)), untouched by the clamp.
       acc.div_(row_sum.clamp_min(std::numeric_limits<float>::min()));
       out.slice(2, rows.q_begin, rows.q_end).copy_(layout.ungrouped(acc));
-      log_in_place(row_sum);
+      map_in_place(row_sum, [](float v) { return std::log(v); });
       lse.slice(2, rows.q_begin, rows.q_end).copy_(layout.ungrouped(row_max.add_(row_sum)).squeeze(-1));
     }
   });

@@ -95,13 +95,11 @@ def main():
             print(built.stderr[-4000:])
             print("FAIL: nvcc exit", built.returncode)
             return 1
-        log = built.stderr
-        for line in log.splitlines():
-            if "Potential Performance Loss" in line:
-                failures.append("ptxas: " + line.strip())
         # ptxas -v: "Compiling entry function 'NAME'" ... "N bytes spill stores, M bytes spill loads"
         current = None
-        for line in log.splitlines():
+        for line in built.stderr.splitlines():
+            if "Potential Performance Loss" in line:
+                failures.append("ptxas: " + line.strip())
             m = re.search(r"Compiling entry function '(\S+)'", line)
             if m:
                 current = m.group(1)
