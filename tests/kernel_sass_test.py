@@ -11,7 +11,10 @@ the build does, disassembles it and checks:
      (`WARPGROUP.DEPBAR.LE gsb0, 0x1`), then runs every exp of the softmax (kBlockN / 2 MUFU.EX2
      per thread), and only then waits for P V (`gsb0, 0x0`); and that there are two such loops
      (masked and unmasked turns);
-  3. the check of 2 rejects the sequential wgmma_m128_n128 forward (it must be able to fail).
+  3. the check of 2 rejects the sequential wgmma_m128_n128 forward (it must be able to fail);
+  4. the atomic-dQ backward (head dims 64 and 128) spills nothing and keeps the next step's S^T in
+     flight while it finishes dK and dQ (`WARPGROUP.DEPBAR.LE gsb0, 0x1` in its loop; session 9:
+     -5% causal backward time).
 Usage: kernel_sass_test.py NVCC SOURCE_ROOT [PYTHON]. cuobjdump comes from the CUDA toolkit or,
 where the toolkit has none (Debian's machine here), from the triton wheel torch depends on, found
 through PYTHON. Exit 77 (skipped) with the reason when neither exists.
@@ -104,7 +107,8 @@ def main():
             if m:
                 current = m.group(1)
             m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
-            if m and current and "attention_fwd_wgmma_kernel" in current and (m.group(1) != "0" or m.group(2) != "0"):
+            spill_checked = ("attention_fwd_wgmma_kernel", "attention_bwd_atomic_kernel")
+            if m and current and any(k in current for k in spill_checked) and (m.group(1) != "0" or m.group(2) != "0"):
                 failures.append(f"{current}: spills ({line.strip()})")
         sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, timeout=300)
         if sass.returncode != 0:
@@ -130,10 +134,17 @@ def main():
     for name, instructions in sorted(sequential.items()):
         if not overlap_problems(instructions):
             failures.append(f"the overlap check accepted the sequential kernel {name}")
+    atomic = {n: ins for n, ins in kernels.items() if "attention_bwd_atomic_kernel" in n}
+    if len(atomic) != 2:
+        failures.append(f"want the atomic-dQ backward at head dims 64 and 128, found {sorted(atomic)}")
+    for name, instructions in sorted(atomic.items()):
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in instructions:
+            failures.append(f"{name}: no wait that leaves one product in flight (S^T is no longer pipelined)")
     for failure in failures:
         print("FAIL:", failure)
     if not failures:
-        print("OK: no wgmma serialization, no forward spills, the ping-pong softmax overlaps P V")
+        print("OK: no wgmma serialization, no forward or atomic-backward spills, the ping-pong softmax overlaps P V, "
+              "the atomic backward pipelines S^T")
     return 1 if failures else 0
 
 

@@ -282,8 +282,11 @@ struct BwdWgmmaAtomicConfig {
   //! resident, 2 "full" and 1 "empty" per stage, dQ tile full / empty.
   static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages + 2);
   static constexpr int kSmemBytes = 1024 + kOffBarriers + kBarrierBytes;
-  static constexpr int kProducerRegisters = 40;
-  static constexpr int kConsumerRegisters = 232;
+  //! 240, not 232: with the next step's S^T issued behind dK and dQ, a consumer holds dK, dV, dS^T,
+  //! the dQ tile and S^T at once (208 accumulator registers); at 232 ptxas serialized the wgmma
+  //! (C7512). The producer's one TMA thread and one reducer thread need no more than 24.
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(kSmemBytes <= 227 * 1024, "within the 227 KB an sm_90 CTA may use");
   static_assert(128 * kProducerRegisters + 2 * 128 * kConsumerRegisters <= 65536, "register budget of the SM");

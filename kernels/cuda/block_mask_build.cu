@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kClassifyThreads) classify_pairs_kernel(const 
   // A thread that has seen a visible and an invisible element has its final answer (partial).
   while (row < rows && !(any_visible && !all_visible)) {
     const device::QueryMask query = device::query_mask(params.mask, q_begin + row);
-    const bool seen = device::visible(query, params.mask.doc_id, kv_begin + column);
+    const bool seen = device::visible(query, device::key_doc(params.mask, kv_begin + column), kv_begin + column);
     any_visible |= seen;
     all_visible &= seen;
     row += row_step;

@@ -174,6 +174,7 @@ __device__ __forceinline__ void bwd_dkdv_tile(const BwdParams& p, const BwdScrat
 
   const int first_row = warp * 16;  // this warp's 16 keys within the kv block
   const int my_kv[2] = {kv0 + first_row + (lane >> 2), kv0 + first_row + (lane >> 2) + 8};
+  const int32_t my_doc[2] = {key_doc(p.mask, my_kv[0]), key_doc(p.mask, my_kv[1])};
   const float scale_log2 = p.scale * kLog2e;
   float acc_dk[kHeadDim / 8][4] = {};
   float acc_dv[kHeadDim / 8][4] = {};
@@ -194,7 +195,7 @@ __device__ __forceinline__ void bwd_dkdv_tile(const BwdParams& p, const BwdScrat
     // S^T: 16 keys x kBlockM queries for this warp.
     float st[kBlockM / 8][4] = {};
     gemm_rows_by_rows<kHeadDim, kBlockM / 8>(st, s_k, first_row, s_q_stage, 0);
-    if (step % num_q_blocks < num_partial) mask_scores_transposed<kBlockM>(st, masks, kBlockM - 1, p.mask.doc_id, my_kv);
+    if (step % num_q_blocks < num_partial) mask_scores_transposed<kBlockM>(st, masks, kBlockM - 1, my_doc, my_kv);
     // P^T, then dV += P^T dO. P^T is kept as the bf16 A fragments the MMA takes (16 registers
     // instead of 32), and dS^T below is computed from the same rounded P^T.
     probabilities_transposed<kBlockM>(st, stats, scale_log2);
@@ -291,7 +292,7 @@ __device__ __forceinline__ void bwd_dq_tile(const BwdParams& p, const BwdScratch
     float s[kBlockN / 8][4] = {};
     gemm_rows_by_rows<kHeadDim, kBlockN / 8>(s, s_q, first_row, s_k_stage, 0);
     const int kv0 = upcoming[0] * kBlockN;
-    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask.doc_id, kv0);
+    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
     probabilities<kBlockN>(s, row_lse2, scale_log2);
     float dp[kBlockN / 8][4] = {};
     gemm_rows_by_rows<kHeadDim, kBlockN / 8>(dp, s_do, first_row, s_v_stage, 0);

@@ -179,13 +179,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int warp_in_group = (static_cast<int>(threadIdx.x) >> 5) & 3;
   const int first_key = consumer * 64 + warp_in_group * 16;  // this warp's 16 keys within the CTA's 128
   const int my_kv[2] = {kv0 + first_key + (lane >> 2), kv0 + first_key + (lane >> 2) + 8};
+  const int32_t my_doc[2] = {key_doc(p.mask, my_kv[0]), key_doc(p.mask, my_kv[1])};
   const float scale_log2 = p.scale * kLog2e;
   const uint32_t k_rows = s_k + consumer * 64 * 128;
   const uint32_t v_rows = s_v + consumer * 64 * 128;
 
   float acc_dk[kHeadDim / 8][4] = {};
   float acc_dv[kHeadDim / 8][4] = {};
+  // S^T of a step is issued at the end of the step before, behind that step's dK and dQ, so its
+  // latency and the dQ tile's store overlap them (FlashAttention-3 pipelines its forward this way).
+  // The wait for the next step's Q comes before that step's dK is issued: a wait loop between
+  // wgmma in flight makes ptxas serialize every wgmma of the kernel (C7520; see the forward's notes).
+  float st[kRows / 8][4];
+  auto issue_scores = [&](uint32_t q_stage) {
+    wgmma_fence();
+    keys_times_rows<kHeadDim, kKeys, kRows>(st, k_rows, q_stage);
+    wgmma_commit();
+  };
   mbarrier_wait(bar.resident(), 0);
+  if (num_steps > 0) mbarrier_wait(bar.first(0), 0);
+  issue_scores(s_q);
   for (int step = 0; step < num_steps; ++step) {
     const int stage = step % kStages;
     const uint32_t parity = (step / kStages) & 1;
@@ -194,20 +207,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const float2* stats = reinterpret_cast<const float2*>(__cvta_shared_to_generic(s_stats + stage * kRows * 8));
     const QueryMaskRow* masks = reinterpret_cast<const QueryMaskRow*>(__cvta_shared_to_generic(s_masks + stage * kRows * 32));
 
-    // S^T: this consumer's 64 keys x 64 query rows.
-    float st[kRows / 8][4];
-    mbarrier_wait(bar.first(stage), parity);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t k_offset = (kk % 4) * 32;
-      wgmma_ss<kRows, false>(st, smem_descriptor(k_rows + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
-                             smem_descriptor(q_stage + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
+    // S^T: this consumer's 64 keys x 64 query rows (issued by the step before).
     wgmma_wait<0>();
     fence_registers(st);
-    if (step % num_q_blocks < num_partial) mask_scores_transposed<kRows>(st, masks, block_m - 1, p.mask.doc_id, my_kv);
+    if (step % num_q_blocks < num_partial) mask_scores_transposed<kRows>(st, masks, block_m - 1, my_doc, my_kv);
     probabilities_transposed<kRows>(st, stats, scale_log2);
     uint32_t pt[kRows / 16][4];
     to_a_fragments<kRows / 16>(pt, st);
@@ -221,12 +224,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int kk = 0; kk < kRows / 16; ++kk) {
       wgmma_rs<kHeadDim, true>(acc_dv, pt[kk], smem_descriptor(do_stage + kk * 16 * 128, kRows * 128, 1024), true);
     }
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t k_offset = (kk % 4) * 32;
-      wgmma_ss<kRows, false>(dpt, smem_descriptor(v_rows + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
-                             smem_descriptor(do_stage + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
-    }
+    keys_times_rows<kHeadDim, kKeys, kRows>(dpt, v_rows, do_stage);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(acc_dv);
@@ -256,6 +254,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
     fence_async_shared();
+    // The next step's Q, waited for while nothing is in flight. After the last step S^T is issued
+    // anyway, on a stage no copy writes any more, and its result is dropped: a wgmma on a
+    // conditional path would serialize them all.
+    const int next_stage = (step + 1) % kStages;
+    if (step + 1 < num_steps) mbarrier_wait(bar.first(next_stage), ((step + 1) / kStages) & 1);
     // dK += dS^T Q, issued now; it runs while the consumers meet below.
     fence_registers(acc_dk);
     wgmma_fence();
@@ -281,7 +284,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       wgmma_commit();
     }
-    wgmma_wait<0>();
+    issue_scores(s_q + next_stage * Cfg::kQBytes);
+    wgmma_wait<1>();  // dK and dQ are done; the next S^T runs on
     fence_registers(acc_dk);
     if (does_dq) fence_registers(acc_dq);
     mbarrier_arrive(bar.empty(stage));  // Q and dO of this stage are no longer read
@@ -302,6 +306,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     mbarrier_arrive(dq_full);
   }
+  wgmma_wait<0>();  // the S^T issued after the last step (dropped)
+  fence_registers(st);
   named_barrier_sync(kConsumersBarrier, 256);  // the other consumer's last dQ product no longer reads K
 
   // Epilogue: this consumer's 64 keys of dK (scaled) and dV, through its own rows of K and V.

@@ -64,6 +64,19 @@ struct BwdBarriers {
 //! Stores a consumer's fp32 accumulator (64 rows x kHeadDim, times `factor`) as bf16 into rows
 //! row0.. of a swizzled tile of `tile_rows` rows (see hopper_utils.cuh), then one thread of the
 //! warpgroup TMA-stores those 64 rows at (row coordinate, head, batch) of `map`.
+//! acc (64 key rows x kRows) = X Y^T, issued (not committed): X = 64 resident rows (K or V) at
+//! `keys` within a tile of kKeys rows, Y = kRows staged rows (Q or dO) at `rows`; both stored as
+//! kHeadDim / 64 halves of 128-byte swizzled rows, the halves kKeys (kRows) rows apart.
+template <int kHeadDim, int kKeys, int kRows>
+__device__ __forceinline__ void keys_times_rows(float (&acc)[kRows / 8][4], uint32_t keys, uint32_t rows) {
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const uint32_t k_offset = (kk % 4) * 32;
+    wgmma_ss<kRows, false>(acc, smem_descriptor(keys + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
+                           smem_descriptor(rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
+  }
+}
+
 template <int kHeadDim>
 __device__ __forceinline__ void store_consumer_rows(const float (&acc)[kHeadDim / 8][4], float factor, uint32_t tile,
                                                     int tile_rows, int row0, int consumer, const CUtensorMap* map,
@@ -169,6 +182,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const Bw
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int first_key = consumer * 64 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16;
   const int my_kv[2] = {kv0 + first_key + (lane >> 2), kv0 + first_key + (lane >> 2) + 8};
+  const int32_t my_doc[2] = {key_doc(p.mask, my_kv[0]), key_doc(p.mask, my_kv[1])};
   const float scale_log2 = p.scale * kLog2e;
   const uint32_t k_rows = s_k + consumer * 64 * 128;
   const uint32_t v_rows = s_v + consumer * 64 * 128;
@@ -188,17 +202,12 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const Bw
     float st[kRows / 8][4];
     mbarrier_wait(bar.first(stage), parity);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t k_offset = (kk % 4) * 32;
-      wgmma_ss<kRows, false>(st, smem_descriptor(k_rows + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
-                             smem_descriptor(q_stage + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
-    }
+    keys_times_rows<kHeadDim, kKeys, kRows>(st, k_rows, q_stage);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(st);
     // Mask rows are per query position: column c (head c / block_m) reads position c % block_m.
-    if (step % num_q_blocks < num_partial) mask_scores_transposed<kRows>(st, masks, block_m - 1, p.mask.doc_id, my_kv);
+    if (step % num_q_blocks < num_partial) mask_scores_transposed<kRows>(st, masks, block_m - 1, my_doc, my_kv);
     // P^T, kept as the bf16 A fragments of dV += P^T dO (dS^T below uses the same rounded values).
     probabilities_transposed<kRows>(st, stats, scale_log2);
     uint32_t pt[kRows / 16][4];
@@ -213,12 +222,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const Bw
     for (int kk = 0; kk < kRows / 16; ++kk) {
       wgmma_rs<kHeadDim, true>(acc_dv, pt[kk], smem_descriptor(do_stage + kk * 16 * 128, kRows * 128, 1024), true);
     }
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t k_offset = (kk % 4) * 32;
-      wgmma_ss<kRows, false>(dpt, smem_descriptor(v_rows + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
-                             smem_descriptor(do_stage + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
-    }
+    keys_times_rows<kHeadDim, kKeys, kRows>(dpt, v_rows, do_stage);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(acc_dv);
@@ -352,7 +356,7 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
     wgmma_wait<1>();  // S is in; dP may still run
     fence_registers(s);
     const int kv0 = kv_block * kBlockN;
-    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask.doc_id, kv0);
+    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
     probabilities<kBlockN>(s, row_lse2, scale_log2);
     wgmma_wait<0>();
     fence_registers(dp);

@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     gemm_rows_by_rows<kHeadDim, kBlockN / 8>(s, s_q, first_row, s_k_stage, 0);
 
     const int kv0 = upcoming[0] * kBlockN;
-    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask.doc_id, kv0);
+    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
     online_softmax<kBlockN, kHeadDim>(s, acc_o, row_max, row_sum, scale_log2);
     gemm_regs_by_tile<kHeadDim, kBlockN / 16>(acc_o, s, s_v_stage, 0);
 #pragma unroll

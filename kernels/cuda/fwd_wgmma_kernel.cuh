@@ -184,11 +184,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       uint64_t keep = ~uint64_t{0};
       if (step < num_partial || kv0 + kBlockN > kv_len) {
         keep = 0;
+        int32_t docs[kBlockN / 8][2];
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) docs[j][e] = key_doc(p.mask, kv0 + tile_column(j, e));
+        }
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            if (visible(row_mask[e >> 1], p.mask.doc_id, kv0 + tile_column(j, e))) keep |= uint64_t{1} << (4 * j + e);
+            if (visible(row_mask[e >> 1], docs[j][e & 1], kv0 + tile_column(j, e))) keep |= uint64_t{1} << (4 * j + e);
           }
         }
       }
@@ -297,7 +303,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     fence_registers(s);
 
     const int kv0 = kv_block * kBlockN;
-    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask.doc_id, kv0);
+    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
     online_softmax<kBlockN, kHeadDim>(s, acc_o, row_max, row_sum, scale_log2);
     uint32_t p_frag[kBlockN / 16][4];
     to_a_fragments<kBlockN / 16>(p_frag, s);

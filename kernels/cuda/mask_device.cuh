@@ -71,11 +71,23 @@ __device__ __forceinline__ QueryMask query_mask(const MaskParams& mask, int q) {
   return row;
 }
 
-//! Whether the row sees key kv (kv >= kv_len is never visible: every range ends by kv_len).
-__device__ __forceinline__ bool visible(const QueryMask& row, const int32_t* doc_id, int kv) {
-  const bool in_context =
-      kv >= row.ctx_lo && kv < row.ctx_hi && (row.doc < 0 || __ldg(doc_id + kv) == row.doc);
-  return in_context || (kv >= row.band_lo && kv < row.band_hi);
+//! The document of key kv, read once per key instead of once per (row, key) pair: -1 where the
+//! mask has no documents or kv is past doc_id's length (every visibility test then fails or never
+//! asks: a row restricted to a document has doc >= 0 and a context range inside doc_id's length).
+__device__ __forceinline__ int32_t key_doc(const MaskParams& mask, int kv) {
+  const int32_t length = mask.kind == MaskCode::dflash            ? mask.context
+                         : mask.kind == MaskCode::document_causal ? mask.kv_len
+                                                                  : 0;
+  return kv >= 0 && kv < length ? __ldg(mask.doc_id + kv) : -1;
+}
+
+//! Whether the row sees key kv of document kv_doc (key_doc; kv >= kv_len is never visible: every
+//! range ends by kv_len). Bitwise & and |, not && and ||: with the row in shared memory (the
+//! backward's mask rows), short-circuit tests became a branch per score, each waiting on its own
+//! shared-memory load (ptxas kept the evaluation order); this way every field is loaded up front.
+__device__ __forceinline__ bool visible(const QueryMask& row, int32_t kv_doc, int kv) {
+  const bool in_context = (kv >= row.ctx_lo) & (kv < row.ctx_hi) & ((row.doc < 0) | (kv_doc == row.doc));
+  return in_context | ((kv >= row.band_lo) & (kv < row.band_hi));
 }
 
 }  // namespace harness::kernels::cuda::device

@@ -32,29 +32,39 @@ __device__ __forceinline__ int tile_column(int j, int e) {
   return j * 8 + (static_cast<int>(threadIdx.x) & 3) * 2 + (e & 1);
 }
 
-//! S (query rows x keys kv0..): -inf where row i's query does not see the key.
+//! S (query rows x keys kv0..): -inf where row i's query does not see the key. The keys'
+//! documents are read first, all at once (one load latency per tile, not one per score).
 template <int kCols>
-__device__ __forceinline__ void mask_scores(float (&s)[kCols / 8][4], const QueryMask (&row_mask)[2], const int32_t* doc_id,
+__device__ __forceinline__ void mask_scores(float (&s)[kCols / 8][4], const QueryMask (&row_mask)[2], const MaskParams& mask,
                                             int kv0) {
+  int32_t docs[kCols / 8][2];
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) docs[j][e] = key_doc(mask, kv0 + tile_column(j, e));
+  }
 #pragma unroll
   for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      if (!visible(row_mask[e >> 1], doc_id, kv0 + tile_column(j, e))) s[j][e] = -INFINITY;
+      if (!visible(row_mask[e >> 1], docs[j][e & 1], kv0 + tile_column(j, e))) s[j][e] = -INFINITY;
     }
   }
 }
 
-//! S^T (key rows my_kv x query columns): -inf where column c's query (masks[c & column_mask])
-//! does not see row i's key.
+//! S^T (key rows my_kv, of documents my_doc, x query columns): -inf where column c's query
+//! (masks[c & column_mask]) does not see row i's key.
 template <int kCols>
 __device__ __forceinline__ void mask_scores_transposed(float (&st)[kCols / 8][4], const QueryMaskRow* masks, int column_mask,
-                                                       const int32_t* doc_id, const int (&my_kv)[2]) {
+                                                       const int32_t (&my_doc)[2], const int (&my_kv)[2]) {
 #pragma unroll
   for (int j = 0; j < kCols / 8; ++j) {
+    // Every field of every column loaded at once (16 x 5 registers) made ptxas spill the atomic
+    // backward's descriptors; a warp sync every two chunks keeps it to loads for two at a time.
+    if (j % 2 == 0) __syncwarp();
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      if (!visible(masks[tile_column(j, e) & column_mask].mask, doc_id, my_kv[e >> 1])) st[j][e] = -INFINITY;
+      if (!visible(masks[tile_column(j, e) & column_mask].mask, my_doc[e >> 1], my_kv[e >> 1])) st[j][e] = -INFINITY;
     }
   }
 }
