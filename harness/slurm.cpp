@@ -214,9 +214,13 @@ void requeue(const std::string& job_id, int task) {
   const std::string id = job_id + "_" + std::to_string(task);
   run_checked({"scontrol", "requeue", id});
   // Slurm holds a requeued batch job back (BeginTime, about two minutes) against requeue loops;
-  // ours are bounded by --retries, so the task may start again at once. Best effort: a site may
-  // forbid users to move their jobs' start time, and then the task only starts later.
-  run_command({"scontrol", "update", "JobId=" + id, "StartTime=now"});
+  // ours are bounded by --retries, so the task may start again soon. Not at once: slurmd revokes
+  // the killed attempt's credential with a time in whole seconds, and an attempt launched within
+  // that second is refused with it ("Job credential revoked", exit 1; seen on the local cluster in
+  // 1 of 6 requeues with StartTime=now, each costing the task a retry). Two seconds later is past
+  // it. Best effort: a site may forbid users to move their jobs' start time, and then the task
+  // only starts later.
+  run_command({"scontrol", "update", "JobId=" + id, "StartTime=now+2"});
 }
 
 void cancel(const std::string& job_id) { run_checked({"scancel", job_id}); }
