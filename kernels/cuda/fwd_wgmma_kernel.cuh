@@ -185,11 +185,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       if (step < num_partial || kv0 + kBlockN > kv_len) {
         keep = 0;
         int32_t docs[kBlockN / 8][2];
-#pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) docs[j][e] = key_doc(p.mask, kv0 + tile_column(j, e));
-        }
+        load_key_docs<kBlockN>(docs, p.mask, kv0);
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
