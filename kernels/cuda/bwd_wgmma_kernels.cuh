@@ -61,9 +61,6 @@ struct BwdBarriers {
   __device__ __forceinline__ uint32_t empty(int stage) const { return base + 8u * (1 + 2 * kStages + stage); }
 };
 
-//! Stores a consumer's fp32 accumulator (64 rows x kHeadDim, times `factor`) as bf16 into rows
-//! row0.. of a swizzled tile of `tile_rows` rows (see hopper_utils.cuh), then one thread of the
-//! warpgroup TMA-stores those 64 rows at (row coordinate, head, batch) of `map`.
 //! acc (64 key rows x kRows) = X Y^T, issued (not committed): X = 64 resident rows (K or V) at
 //! `keys` within a tile of kKeys rows, Y = kRows staged rows (Q or dO) at `rows`; both stored as
 //! kHeadDim / 64 halves of 128-byte swizzled rows, the halves kKeys (kRows) rows apart.
@@ -77,6 +74,9 @@ __device__ __forceinline__ void keys_times_rows(float (&acc)[kRows / 8][4], uint
   }
 }
 
+//! Stores a consumer's fp32 accumulator (64 rows x kHeadDim, times `factor`) as bf16 into rows
+//! row0.. of a swizzled tile of `tile_rows` rows (see hopper_utils.cuh), then one thread of the
+//! warpgroup TMA-stores those 64 rows at (row coordinate, head, batch) of `map`.
 template <int kHeadDim>
 __device__ __forceinline__ void store_consumer_rows(const float (&acc)[kHeadDim / 8][4], float factor, uint32_t tile,
                                                     int tile_rows, int row0, int consumer, const CUtensorMap* map,
