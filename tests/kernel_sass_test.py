@@ -27,6 +27,7 @@ import tempfile
 
 SKIP = 77
 BLOCK_N = 128  # the ping-pong kernel's keys per tile: kBlockN / 2 scores, so exps, per thread
+SPILL_CHECKED = ("attention_fwd_wgmma_kernel", "attention_bwd_atomic_kernel")  # kernels that must not spill
 
 
 def find_cuobjdump(nvcc, python):
@@ -107,8 +108,7 @@ def main():
             if m:
                 current = m.group(1)
             m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
-            spill_checked = ("attention_fwd_wgmma_kernel", "attention_bwd_atomic_kernel")
-            if m and current and any(k in current for k in spill_checked) and (m.group(1) != "0" or m.group(2) != "0"):
+            if m and current and any(k in current for k in SPILL_CHECKED) and (m.group(1) != "0" or m.group(2) != "0"):
                 failures.append(f"{current}: spills ({line.strip()})")
         sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, timeout=300)
         if sass.returncode != 0:

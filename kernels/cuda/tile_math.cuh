@@ -33,7 +33,7 @@ __device__ __forceinline__ int tile_column(int j, int e) {
 }
 
 //! The documents of this thread's columns kv0 + tile_column(j, e & 1) of a tile (key_doc), all
-//! loads issued together; a kernel may load them before it waits for S.
+//! loads issued together.
 template <int kCols>
 __device__ __forceinline__ void load_key_docs(int32_t (&docs)[kCols / 8][2], const MaskParams& mask, int kv0) {
 #pragma unroll
@@ -43,10 +43,13 @@ __device__ __forceinline__ void load_key_docs(int32_t (&docs)[kCols / 8][2], con
   }
 }
 
-//! S (query rows x keys kv0.., of documents docs): -inf where row i's query does not see the key.
+//! S (query rows x keys kv0..): -inf where row i's query does not see the key. The keys'
+//! documents are read first, all at once (one load latency per tile, not one per score).
 template <int kCols>
-__device__ __forceinline__ void mask_scores(float (&s)[kCols / 8][4], const QueryMask (&row_mask)[2],
-                                            const int32_t (&docs)[kCols / 8][2], int kv0) {
+__device__ __forceinline__ void mask_scores(float (&s)[kCols / 8][4], const QueryMask (&row_mask)[2], const MaskParams& mask,
+                                            int kv0) {
+  int32_t docs[kCols / 8][2];
+  load_key_docs<kCols>(docs, mask, kv0);
 #pragma unroll
   for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
@@ -54,15 +57,6 @@ __device__ __forceinline__ void mask_scores(float (&s)[kCols / 8][4], const Quer
       if (!visible(row_mask[e >> 1], docs[j][e & 1], kv0 + tile_column(j, e))) s[j][e] = -INFINITY;
     }
   }
-}
-
-//! The same, reading the documents first (one load latency per tile, not one per score).
-template <int kCols>
-__device__ __forceinline__ void mask_scores(float (&s)[kCols / 8][4], const QueryMask (&row_mask)[2], const MaskParams& mask,
-                                            int kv0) {
-  int32_t docs[kCols / 8][2];
-  load_key_docs<kCols>(docs, mask, kv0);
-  mask_scores<kCols>(s, row_mask, docs, kv0);
 }
 
 //! S^T (key rows my_kv, of documents my_doc, x query columns): -inf where column c's query
