@@ -7,7 +7,8 @@ could see: results stay right. This test compiles kernels/cuda/attention_launch.
 the build does, disassembles it and checks:
   1. ptxas reports no "Potential Performance Loss" (wgmma serialized) for any kernel, and the
      forward wgmma kernels spill nothing;
-  2. in every ping-pong forward (head dims 64 and 128), each turn of its loops waits for S alone
+  2. in every overlapped forward (the ping-pong wgmma_m128_n128_pingpong and the one-consumer
+     wgmma_m64_n64_overlap, head dims 64 and 128), each turn of its loops waits for S alone
      (`WARPGROUP.DEPBAR.LE gsb0, 0x1`), then runs every exp of the softmax (kBlockN / 2 MUFU.EX2
      per thread), and only then waits for P V (`gsb0, 0x0`); and that there are two such loops
      (masked and unmasked turns);
@@ -26,7 +27,10 @@ import sys
 import tempfile
 
 SKIP = 77
-BLOCK_N = 128  # the ping-pong kernel's keys per tile: kBlockN / 2 scores, so exps, per thread
+# The overlapped forwards, by the mangled FwdWgmmaConfig<D, kBlockN, kConsumers, kStages, kMinBlocksPerSm,
+# kOverlap = true>, with their keys per tile (kBlockN / 2 scores, so exps, per thread and turn).
+OVERLAPPED = {"ping-pong": (r"FwdWgmmaConfigILi\d+ELi128ELi2ELi\d+ELi1ELb1E", 128),
+              "m64_n64_overlap": (r"FwdWgmmaConfigILi\d+ELi64ELi1ELi\d+ELi2ELb1E", 64)}
 SPILL_CHECKED = ("attention_fwd_wgmma_kernel", "attention_bwd_atomic_kernel")  # kernels that must not spill
 
 
@@ -57,7 +61,7 @@ def functions(sass):
     return out
 
 
-def overlap_problems(instructions):
+def overlap_problems(instructions, block_n):
     """Why a kernel's turns do not run the softmax between the wait for S and the wait for P V
     (empty when they all do)."""
     problems, turns = [], 0
@@ -72,8 +76,8 @@ def overlap_problems(instructions):
             exps += "MUFU.EX2" in later
         else:
             problems.append(f"turn {turns}: no wait for P V after the wait for S")
-        if exps < BLOCK_N // 2:
-            problems.append(f"turn {turns}: {exps} MUFU.EX2 between the two waits, want {BLOCK_N // 2}")
+        if exps < block_n // 2:
+            problems.append(f"turn {turns}: {exps} MUFU.EX2 between the two waits, want {block_n // 2}")
     if turns < 2:
         problems.append(f"{turns} waits for S alone (gsb0, 0x1); want one per loop, 2 loops (masked, unmasked)")
     return problems
@@ -117,22 +121,23 @@ def main():
             return 1
     kernels = functions(sass.stdout)
     fwd = {n: ins for n, ins in kernels.items() if "attention_fwd_wgmma_kernel" in n}
-    pingpong = {n: ins for n, ins in fwd.items() if re.search(r"FwdWgmmaConfigILi\d+ELi128ELi2ELi\d+ELi1ELb1E", n)}
     sequential = {n: ins for n, ins in fwd.items() if re.search(r"FwdWgmmaConfigILi\d+ELi128ELi2ELi\d+ELi1ELb0E", n)}
-    print(f"{len(kernels)} kernels disassembled, {len(fwd)} wgmma forwards, {len(pingpong)} ping-pong")
-    if len(pingpong) != 2:
-        failures.append(f"want the ping-pong forward at head dims 64 and 128, found {sorted(pingpong)}")
-    for name, instructions in sorted(pingpong.items()):
-        problems = overlap_problems(instructions)
-        turns = sum(i == "WARPGROUP.DEPBAR.LE gsb0, 0x1" for i in instructions)
-        print(f"  {name}: {turns} loop turns checked, {len(instructions)} instructions"
-              + ("" if not problems else ": " + "; ".join(problems)))
-        failures += [f"{name}: {p}" for p in problems]
+    print(f"{len(kernels)} kernels disassembled, {len(fwd)} wgmma forwards")
+    for label, (pattern, block_n) in OVERLAPPED.items():
+        overlapped = {n: ins for n, ins in fwd.items() if re.search(pattern, n)}
+        if len(overlapped) != 2:
+            failures.append(f"want the {label} forward at head dims 64 and 128, found {sorted(overlapped)}")
+        for name, instructions in sorted(overlapped.items()):
+            problems = overlap_problems(instructions, block_n)
+            turns = sum(i == "WARPGROUP.DEPBAR.LE gsb0, 0x1" for i in instructions)
+            print(f"  {label} {name}: {turns} loop turns checked, {len(instructions)} instructions"
+                  + ("" if not problems else ": " + "; ".join(problems)))
+            failures += [f"{name}: {p}" for p in problems]
     # The check must be able to fail: the sequential kernel waits for each product before its softmax.
     if not sequential:
         failures.append("the sequential wgmma_m128_n128 forward was not found (the self-check needs it)")
     for name, instructions in sorted(sequential.items()):
-        if not overlap_problems(instructions):
+        if not overlap_problems(instructions, 128):
             failures.append(f"the overlap check accepted the sequential kernel {name}")
     atomic = {n: ins for n, ins in kernels.items() if "attention_bwd_atomic_kernel" in n}
     if len(atomic) != 2:
@@ -143,7 +148,7 @@ def main():
     for failure in failures:
         print("FAIL:", failure)
     if not failures:
-        print("OK: no wgmma serialization, no forward or atomic-backward spills, the ping-pong softmax overlaps P V, "
+        print("OK: no wgmma serialization, no forward or atomic-backward spills, the overlapped softmax overlaps P V, "
               "the atomic backward pipelines S^T")
     return 1 if failures else 0
 

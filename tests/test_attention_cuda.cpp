@@ -109,7 +109,8 @@ MaskDesc simple(MaskKind kind, int64_t documents = 1, int64_t window = 0) {
 // the default forward): each must pass on every case, whatever the autotuner would pick.
 std::vector<CudaKernelChoice> every_kernel() {
   std::vector<CudaKernelChoice> choices;
-  for (const char* fwd : {"wgmma_m128_n128", "wgmma_m128_n64", "wgmma_m64_n64", "mma_m128_n64", "wgmma_m128_n128_pingpong"}) {
+  for (const char* fwd : {"wgmma_m128_n128", "wgmma_m128_n64", "wgmma_m64_n64", "mma_m128_n64", "wgmma_m128_n128_pingpong",
+                          "wgmma_m64_n64_overlap"}) {
     choices.push_back({fwd, "wgmma"});
   }
   choices.push_back({"", "mma"});
@@ -354,6 +355,7 @@ TEST_CASE("fused_cuda autotunes its kernels once per key and names them in the d
   CHECK(records[0].reason.find("wgmma_m64_n64") != std::string::npos);
   CHECK(records[0].reason.find("mma_m128_n64") != std::string::npos);
   CHECK(records[0].reason.find("wgmma_m128_n128_pingpong") != std::string::npos);
+  CHECK(records[0].reason.find("wgmma_m64_n64_overlap") != std::string::npos);
   CHECK(records[2].reason.find("autotuned (memory") != std::string::npos);
   CHECK(records[0].config == records[2].config);
   CHECK(records[1].reason.find("autotuned (") != std::string::npos);

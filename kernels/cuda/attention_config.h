@@ -24,6 +24,13 @@ enum class FwdKernel : int32_t {
   //! taking turns to issue their MMAs (ping-pong), a 3-deep K/V ring (a stage is held from S_j to
   //! P_j V_j, one turn longer). H200, causal 128 anchors: 0.49-0.51 ms against 0.52 (session 8).
   wgmma_m128_n128_pingpong = 4,
+  //! wgmma_m64_n64 (1 consumer warpgroup, 2 CTAs per SM) in the same overlapped schedule without
+  //! turns: S of step j and P V of step j - 1 issued together, the softmax of S_j while P V runs;
+  //! K and V released apart, so a 2-deep ring holds. H200, session 10 (final kernels, self-test):
+  //! as fast as wgmma_m64_n64 on dflash (the other CTA on the SM already fills the softmax gaps),
+  //! 4% faster on causal 128 anchors (0.595 ms against 0.620) and in the autotuner's timings of
+  //! sliding_window-8k and document_causal-8k (0.321 / 0.330 against 0.332 / 0.341).
+  wgmma_m64_n64_overlap = 5,
 };
 
 //! The backward kernels (autotuner candidates); all read the dK/dV BlockMask, the first two the
@@ -50,6 +57,7 @@ constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
     case FwdKernel::wgmma_m128_n64: return {128, 64};
     case FwdKernel::wgmma_m64_n64: return {64, 64};
     case FwdKernel::wgmma_m128_n128_pingpong: return {128, 128};
+    case FwdKernel::wgmma_m64_n64_overlap: return {64, 64};
   }
   return {128, 64};
 }
@@ -61,12 +69,14 @@ constexpr const char* fwd_kernel_label(FwdKernel kernel) {
     case FwdKernel::wgmma_m128_n64: return "wgmma_m128_n64";
     case FwdKernel::wgmma_m64_n64: return "wgmma_m64_n64";
     case FwdKernel::wgmma_m128_n128_pingpong: return "wgmma_m128_n128_pingpong";
+    case FwdKernel::wgmma_m64_n64_overlap: return "wgmma_m64_n64_overlap";
   }
   return "unknown";
 }
 //! Every forward kernel, the default (what runs untuned) first.
 constexpr FwdKernel kFwdKernels[] = {FwdKernel::wgmma_m128_n128, FwdKernel::wgmma_m128_n64, FwdKernel::wgmma_m64_n64,
-                                     FwdKernel::mma_m128_n64, FwdKernel::wgmma_m128_n128_pingpong};
+                                     FwdKernel::mma_m128_n64, FwdKernel::wgmma_m128_n128_pingpong,
+                                     FwdKernel::wgmma_m64_n64_overlap};
 //! Untuned forward: the 128x128 wgmma kernel, fastest on near-dense masks (H200, causal 128 anchors:
 //! 0.520 ms against 0.595 / 0.613 / 1.313 for the others) and within 22% of the best on dflash
 //! (0.135 ms against wgmma_m64_n64's 0.111 at 128 anchors), which the autotuner picks there.
@@ -139,11 +149,12 @@ struct FwdConfig {
 
 //! Warp-specialized Hopper forward (fwd_wgmma_kernel.cuh): one producer warpgroup (TMA) and
 //! kConsumers warpgroups of 64 query rows (wgmma m64), K/V in a kStages-deep ring of kBlockN keys.
-template <int kHeadDim_, int kBlockN_, int kConsumers_, int kStages_, int kMinBlocksPerSm_, bool kPingPong_ = false>
+template <int kHeadDim_, int kBlockN_, int kConsumers_, int kStages_, int kMinBlocksPerSm_, bool kOverlap_ = false>
 struct FwdWgmmaConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  //! FlashAttention-3's consumer schedule (two consumers only): see fwd_wgmma_kernel.cuh.
-  static constexpr bool kPingPong = kPingPong_;
+  //! FlashAttention-3's overlapped consumer schedule (ping-pong when there are two consumers):
+  //! see fwd_wgmma_kernel.cuh.
+  static constexpr bool kOverlap = kOverlap_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kStages = kStages_;
@@ -153,9 +164,22 @@ struct FwdWgmmaConfig {
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  //!< one K (or V) stage
-  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
+  //! Q full, empty; work item full, empty; K, V full; K, V empty; then the 16-byte work item slot.
+  static constexpr int kBarrierBytes = 8 * (4 + 4 * kStages) + 16;
   //! 1024 bytes of slack to align the tiles (the dynamic smem base is only 16-byte aligned).
   static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKvBytes + kBarrierBytes;
+  //! Whether O may be staged in a tile of its own (kSmemBytes + kQBytes), not in Q's: then a
+  //! persistent CTA loads its next work item's Q during this one's epilogue. Only at one CTA per
+  //! SM (at two the other CTA runs meanwhile anyway), where it fits: the 3-stage 128 x 128
+  //! ping-pong has no room for it. The launcher decides (own_o).
+  static constexpr bool kOwnO = kMinBlocksPerSm == 1 && kSmemBytes + kQBytes + 1024 <= 228 * 1024;
+  //! Whether the launch is persistent by default (one CTA per SM slot, each taking work items from
+  //! a counter) rather than one CTA per work item. H200, session 10 (harness_attention_selftest,
+  //! one run): persistent is faster for every kernel but the ping-pong (dflash 512 anchors
+  //! wgmma_m128_n64 0.395 -> 0.372 ms, wgmma_m128_n128 0.460 -> 0.439; causal 128 anchors
+  //! wgmma_m128_n128 0.526 -> 0.514), which has no room for an O tile of its own, so reloads Q
+  //! after each item's epilogue: causal 0.496 -> 0.519 ms persistent.
+  static constexpr bool kPersistent = !(kOverlap && kConsumers == 2);
   //! setmaxnreg budgets (multiples of 8): the producer's one thread needs a few dozen registers;
   //! the consumers hold O (kHeadDim / 2 fp32), S (kBlockN / 2 fp32) and P (kBlockN / 4) per
   //! thread. The SM's 64K registers: 128 x kProducerRegisters + kConsumers x 128 x
@@ -165,7 +189,6 @@ struct FwdWgmmaConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(kBlockN == 64 || kBlockN == 128, "wgmma N of 64 or 128 keys");
   static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
-  static_assert(!kPingPong || kConsumers == 2, "ping-pong takes two consumer warpgroups");
   static_assert(kMinBlocksPerSm * (128 * kProducerRegisters + kConsumers * 128 * kConsumerRegisters) <= 65536,
                 "register budget of the SM");
   static_assert(kMinBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024,

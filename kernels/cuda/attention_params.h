@@ -110,6 +110,10 @@ struct FwdParams {
   void* scratch = nullptr;  //!< device scratch of fwd_scratch_bytes(...) bytes (the schedule)
   size_t scratch_bytes = 0;
   ScheduleCache schedule;   //!< optional: the schedule kept between calls (then the scratch is unused)
+  //! CTAs of a wgmma forward: 0 = the kernel's default (FwdWgmmaConfig::kPersistent: persistent
+  //! CTAs, one per SM slot, or one CTA per work item), -1 = one CTA per work item, N > 0 = at most
+  //! N persistent CTAs. HARNESS_CUDA_FWD_PERSISTENT overrides the default (see attention_launch.cu).
+  int32_t max_ctas = 0;
 };
 
 //! Backward: dq, dk, dv from q, k, v, o, do and the forward's lse.
@@ -191,5 +195,9 @@ void run_attention_fwd(const FwdParams& params, cudaStream_t stream);
 //! launch (deterministic: no atomics, each output element summed by one thread in a fixed order),
 //! for wgmma_atomic the dK/dV-per-kv-block kernel with dQ bulk-added in fp32, then dQ to bf16.
 void run_attention_bwd(const BwdParams& params, cudaStream_t stream);
+//! Keeps `stream` busy for about `microseconds` (one thread spinning on the global timer), so that
+//! launches the host enqueues meanwhile run back to back: the autotuner times candidates behind it,
+//! so a candidate's time is its GPU time, not the host's work between two launches.
+void hold_stream(cudaStream_t stream, unsigned microseconds);
 
 }  // namespace harness::kernels::cuda

@@ -1007,6 +1007,31 @@ int main(int argc, char** argv) {
         say("    [%s forward]\n", fwd_kernel_name(c.fwd.kernel));
         check_forward(bf16_to_float(c.d_o.download()), c.d_lse.download(), ref, "gpu", 1e-2);
       }
+      // Every forward kernel's launch modes give the same bits: one CTA per work item, and 3
+      // persistent CTAs taking every item in turn (the K/V ring and the work item handshake run
+      // across many items), against the kernel's default launch (mma_m128_n64 has one mode).
+      for (size_t i = 0; i < fwd_kernels().size(); ++i) {
+        use_fwd_kernel(c, i);
+        std::vector<uint16_t> o_default;
+        std::vector<float> lse_default;
+        bool same = true;
+        for (const int32_t max_ctas : {0, -1, 3}) {
+          poison(c);
+          c.fwd.max_ctas = max_ctas;
+          run_attention_fwd(c.fwd, nullptr);
+          HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
+          if (max_ctas == 0) {
+            o_default = c.d_o.download();
+            lse_default = c.d_lse.download();
+          } else {
+            same = same && c.d_o.download() == o_default && c.d_lse.download() == lse_default;
+          }
+        }
+        c.fwd.max_ctas = 0;
+        say("    %s forward, one CTA per work item and 3 persistent CTAs, bitwise the default launch: %s\n",
+            fwd_kernel_name(c.fwd.kernel), same ? "yes" : "NO");
+        if (!same) ++g_failures;
+      }
       if (g_experimental) {
         for (FwdKernel kernel : kExperimentalFwdKernels) {
           poison(c);

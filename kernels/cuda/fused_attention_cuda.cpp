@@ -161,8 +161,14 @@ Autotuner& device_autotuner(int device) {
 
 //! Median of 5 timed launches after one warm-up (module load, tensor-map encoding), CUDA events on
 //! `stream`; +inf for a candidate the launcher has no configuration for (the autotuner skips it).
-//! Candidates are timed on the call's own inputs, writing its own outputs.
+//! Candidates are timed on the call's own inputs, writing its own outputs. Each timed launch is
+//! enqueued while the stream is held (kc::hold_stream), so its kernels run back to back and the
+//! events time the GPU's work: timed from an idle stream, a candidate with more launches also paid
+//! the host's work between them (session 9 saw the deterministic backward picked over the atomic
+//! one at dflash 512 anchors, which the self-test times 10% faster).
 double time_candidate_ms(cudaStream_t stream, const std::function<void()>& launch) {
+  // Longer than the host needs to enqueue one call (40-70 us at the real dims, H200 session 8).
+  constexpr unsigned kHoldMicroseconds = 500;
   try {
     launch();
   } catch (const kc::UnsupportedConfig&) {
@@ -173,6 +179,7 @@ double time_candidate_ms(cudaStream_t stream, const std::function<void()>& launc
   HARNESS_CUDA_CHECK(cudaEventCreate(&stop));
   std::vector<float> times;
   for (int i = 0; i < 5; ++i) {
+    kc::hold_stream(stream, kHoldMicroseconds);
     HARNESS_CUDA_CHECK(cudaEventRecord(start, stream));
     launch();
     HARNESS_CUDA_CHECK(cudaEventRecord(stop, stream));

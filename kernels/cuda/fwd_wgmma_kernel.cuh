@@ -4,15 +4,22 @@
 //
 // CTA = one producer warpgroup + kConsumers consumer warpgroups of 64 query rows each. The rows
 // are packed like the mma.sync forward's (fwd_kernel.cuh: heads_packed query heads of one GQA
-// group x block_m positions), so every K/V tile a CTA loads serves all of them.
-//   producer: one thread issues the TMA copies: Q once, then K and V of each listed kv block into a
-//             kStages-deep ring; "full" barriers count the bytes in, "empty" barriers count the
-//             consumer threads out before a stage is refilled.
+// group x block_m positions), so every K/V tile a CTA loads serves all of them. A work item is one
+// such tile of rows; a CTA runs one item, or (persistent, FwdWgmmaConfig::kPersistent) one SM
+// slot's CTA runs items until a counter says none is left.
+//   producer: one thread takes the next work item, hands it to the consumers (item_full / empty)
+//             and issues the TMA copies: the item's Q, K and V of each listed kv block into a
+//             kStages-deep ring that runs on across items; "full" barriers count the bytes in,
+//             "empty" barriers count the consumer warps out before a stage is refilled. K and V
+//             are released apart (FlashAttention-3's two pipelines): K once S is in, V once P V
+//             is, so the overlapped schedule below, which holds V one step longer than K, refills
+//             K a step earlier.
 //   consumer: S = Q K^T (wgmma, both operands in shared memory), mask (partial blocks and the
 //             ragged last block only), online softmax in registers, then O += P V with P as the
 //             register A operand (the accumulator layout of S is the A fragment layout of P, so P
-//             never touches shared memory). Epilogue: O / rowsum as bf16 into the CTA's own Q rows
-//             (no longer read), TMA store; LSE straight from registers.
+//             never touches shared memory). Epilogue: O / rowsum as bf16 into an O tile of its
+//             own (while the next item's Q loads) or the Q rows (no longer read), TMA store; LSE
+//             straight from registers.
 // The producer warpgroup gives registers back (setmaxnreg) so the consumers can hold O (64 fp32 at
 // D = 128), S (kBlockN / 2 fp32) and P in registers.
 
@@ -45,7 +52,8 @@ struct FwdTensorMaps {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     attention_fwd_wgmma_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ FwdTensorMaps maps,
-                               const WorkItem* __restrict__ schedule) {
+                               const WorkItem* __restrict__ schedule, const int num_items, int* item_counter,
+                               const bool own_o) {
   constexpr int kHeadDim = Cfg::kHeadDim;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kBlockN = Cfg::kBlockN;
@@ -57,28 +65,46 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const uint32_t s_q = (smem_address(smem_raw) + 1023u) & ~1023u;
   const uint32_t s_k = s_q + Cfg::kQBytes;
   const uint32_t s_v = s_k + kStages * Cfg::kKvBytes;
-  const uint32_t bars = s_v + kStages * Cfg::kKvBytes;
+  // O's own tile (own_o: see FwdWgmmaConfig::kOwnO) or O staged in Q's; then the barriers.
+  const uint32_t s_o = own_o ? s_v + kStages * Cfg::kKvBytes : s_q;
+  const uint32_t bars = s_v + kStages * Cfg::kKvBytes + (own_o ? Cfg::kQBytes : 0);
   const uint32_t q_full = bars;
-  auto k_full = [&](int stage) { return bars + 8u * (1 + stage); };
-  auto v_full = [&](int stage) { return bars + 8u * (1 + kStages + stage); };
-  auto kv_empty = [&](int stage) { return bars + 8u * (1 + 2 * kStages + stage); };
+  const uint32_t q_empty = bars + 8u;
+  const uint32_t item_full = bars + 16u;
+  const uint32_t item_empty = bars + 24u;
+  auto k_full = [&](int stage) { return bars + 8u * (4 + stage); };
+  auto v_full = [&](int stage) { return bars + 8u * (4 + kStages + stage); };
+  auto k_empty = [&](int stage) { return bars + 8u * (4 + 2 * kStages + stage); };
+  auto v_empty = [&](int stage) { return bars + 8u * (4 + 3 * kStages + stage); };
+  // The CTA's next work item (WorkItem block and copy, its partial and all kv blocks; block -1: no
+  // more): the producer writes it once every consumer thread has read the last one (item_empty)
+  // and arrives on item_full, before any copy of the item, so the consumers set the item up
+  // (its rows' masks: global loads) while its Q is still on the way.
+  const uint32_t item_slot = bars + 8u * (4 + 4 * kStages);
 
-  const FwdWork work = fwd_work(p, schedule[blockIdx.x], kBlockM);
-  const int q_block = work.q_block;
-  const int batch = work.batch;
-  const PackedRows rows = work.rows;
-  const int kv_head = work.kv_head;
-
-  const VisitList kv_list = kv_blocks_of(p.blocks, q_block);
-  const int num_partial = kv_list.num_partial, num_blocks = kv_list.count;
-  auto kv_block_at = [&](int step) { return kv_list.at(step); };
+  // Persistent CTAs (item_counter set): the grid's G CTAs start with work items 0..G-1 of the
+  // longest-first schedule, and each takes the next with one atomicAdd when its producer is done
+  // issuing the last one's copies: greedy longest-first across the SMs, as the hardware's CTA
+  // dispatch does, without a CTA launch, barrier setup and empty pipeline per item. Without
+  // item_counter each CTA runs work item blockIdx.x, the plain launch. The K/V ring runs on across
+  // items: `ring` counts the uses before the current item, so step j of the item is use ring + j.
+  uint32_t ring = 0;
+  auto stage_of = [&](int step) { return static_cast<int>((ring + step) % kStages); };
+  auto phase_of = [&](int step) { return ((ring + step) / kStages) & 1u; };
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
+    // Q (or, staged there, O) no longer read: every consumer warp, or each consumer's storing thread.
+    mbarrier_init(q_empty, own_o ? Cfg::kConsumers * 4 : Cfg::kConsumers);
+    mbarrier_init(item_full, 1);
+    mbarrier_init(item_empty, Cfg::kConsumers * 4);
     for (int stage = 0; stage < kStages; ++stage) {
       mbarrier_init(k_full(stage), 1);
       mbarrier_init(v_full(stage), 1);
-      mbarrier_init(kv_empty(stage), Cfg::kConsumers * 128);
+      // The consumers release a stage with one arrival per warp (lane 0, once the warp's wait for
+      // the product that read it is done): 4 arrivals per warpgroup instead of 128.
+      mbarrier_init(k_empty(stage), Cfg::kConsumers * 4);
+      mbarrier_init(v_empty(stage), Cfg::kConsumers * 4);
     }
     fence_barrier_init();
   }
@@ -92,29 +118,60 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     prefetch_tensor_map(&maps.q);
     prefetch_tensor_map(&maps.k);
     prefetch_tensor_map(&maps.v);
-    mbarrier_arrive_expect_tx(q_full, Cfg::kQBytes);
-#pragma unroll
-    for (int half = 0; half < kHalves; ++half) {
-      tma_load_4d(s_q + half * kBlockM * 128, &maps.q, q_full, half * 64, rows.q0, rows.head0, batch);
-    }
-    int kv_block = kv_block_at(0);
-    for (int step = 0; step < num_blocks; ++step) {
-      const int next = kv_block_at(step + 1);  // read one step ahead: its latency hides behind the wait
-      const int stage = step % kStages;
-      mbarrier_wait(kv_empty(stage), ((step / kStages) & 1) ^ 1);
-      const uint32_t k_stage = s_k + stage * Cfg::kKvBytes;
-      const uint32_t v_stage = s_v + stage * Cfg::kKvBytes;
-      mbarrier_arrive_expect_tx(k_full(stage), Cfg::kKvBytes);
-#pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
-        tma_load_4d(k_stage + half * kBlockN * 128, &maps.k, k_full(stage), half * 64, kv_block * kBlockN, kv_head, batch);
+    for (int tile = 0;; ++tile) {
+      int item = static_cast<int>(blockIdx.x);
+      if (tile > 0) item = item_counter ? static_cast<int>(gridDim.x) + atomicAdd(item_counter, 1) : num_items;
+      if (tile > 0) mbarrier_wait(item_empty, (tile - 1) & 1);
+      if (item >= num_items) {
+        asm volatile("st.shared.v4.s32 [%0], {%1, %1, %1, %1};\n" ::"r"(item_slot), "r"(-1) : "memory");
+        mbarrier_arrive(item_full);
+        break;
       }
-      mbarrier_arrive_expect_tx(v_full(stage), Cfg::kKvBytes);
+      const WorkItem scheduled = schedule[item];
+      const FwdWork work = fwd_work(p, scheduled, kBlockM);
+      const VisitList kv_list = kv_blocks_of(p.blocks, work.q_block);
+      const int num_blocks = kv_list.count;
+      asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};\n" ::"r"(item_slot), "r"(scheduled.block),
+                   "r"(scheduled.copy), "r"(kv_list.num_partial), "r"(num_blocks)
+                   : "memory");
+      mbarrier_arrive(item_full);
+      // Q first on a CTA's first item (nothing to wait for); on later ones after the item's first
+      // K and V, which need only a free ring stage, where Q needs the previous item's consumers
+      // (or its O store) to be done with the Q tile.
+      auto load_q = [&] {
+        if (tile > 0) mbarrier_wait(q_empty, (tile - 1) & 1);
+        mbarrier_arrive_expect_tx(q_full, Cfg::kQBytes);
 #pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
-        tma_load_4d(v_stage + half * kBlockN * 128, &maps.v, v_full(stage), half * 64, kv_block * kBlockN, kv_head, batch);
+        for (int half = 0; half < kHalves; ++half) {
+          tma_load_4d(s_q + half * kBlockM * 128, &maps.q, q_full, half * 64, work.rows.q0, work.rows.head0, work.batch);
+        }
+      };
+      if (num_blocks == 0 || tile == 0) load_q();
+      int kv_block = kv_list.at(0);
+      for (int step = 0; step < num_blocks; ++step) {
+        const int next = kv_list.at(step + 1);  // read one step ahead: its latency hides behind the wait
+        const int stage = stage_of(step);
+        const uint32_t empty_parity = phase_of(step) ^ 1;
+        const uint32_t k_stage = s_k + stage * Cfg::kKvBytes;
+        const uint32_t v_stage = s_v + stage * Cfg::kKvBytes;
+        mbarrier_wait(k_empty(stage), empty_parity);
+        mbarrier_arrive_expect_tx(k_full(stage), Cfg::kKvBytes);
+#pragma unroll
+        for (int half = 0; half < kHalves; ++half) {
+          tma_load_4d(k_stage + half * kBlockN * 128, &maps.k, k_full(stage), half * 64, kv_block * kBlockN, work.kv_head,
+                      work.batch);
+        }
+        mbarrier_wait(v_empty(stage), empty_parity);
+        mbarrier_arrive_expect_tx(v_full(stage), Cfg::kKvBytes);
+#pragma unroll
+        for (int half = 0; half < kHalves; ++half) {
+          tma_load_4d(v_stage + half * kBlockN * 128, &maps.v, v_full(stage), half * 64, kv_block * kBlockN, work.kv_head,
+                      work.batch);
+        }
+        if (step == 0 && tile > 0) load_q();
+        kv_block = next;
       }
-      kv_block = next;
+      ring += num_blocks;
     }
     return;
   }
@@ -125,230 +182,270 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int first_row = consumer * 64 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16;  // this warp's 16 rows
   const int my_row[2] = {first_row + (lane >> 2), first_row + (lane >> 2) + 8};
-  const QueryMask row_mask[2] = {query_mask(p.mask, rows.query(my_row[0])), query_mask(p.mask, rows.query(my_row[1]))};
   const float scale_log2 = p.scale * kLog2e;
   const int kv_len = p.shape.kv_len;
-
-  float acc_o[kHeadDim / 8][4] = {};
-  float row_max[2] = {-INFINITY, -INFINITY};  // raw scores (unscaled)
-  float row_sum[2] = {0.f, 0.f};              // this thread's columns only; quad-reduced at the end
   const uint32_t q_rows = s_q + consumer * 64 * 128;
+  const bool storer = (threadIdx.x & 127) == 0;  // issues this warpgroup's O stores
 
-  int kv_block = kv_block_at(0);
-  mbarrier_wait(q_full, 0);
-  if constexpr (Cfg::kPingPong) {
-    // FlashAttention-3's schedule. Step j issues S_j = Q K_j^T together with O += P_{j-1} V_{j-1}
-    // (so the tensor cores have the next product while this warpgroup does softmax), and the two
-    // consumers take turns to issue: consumer c waits on named barrier kTurn + c, which the other
-    // arrives at once it has issued its own products; consumer 1 grants the first turn. With n
-    // steps each consumer takes n + 1 turns (S_0; S_j + PV_{j-1}; PV_{n-1}) and grants as many,
-    // except that consumer 1 skips its last grant (consumer 0 has no turn left) having granted
-    // the first: every wait pairs with one arrival, and an arrival can run at most one ahead. The
-    // first and last turns are peeled so that every wgmma of the loop is issued unconditionally
-    // (ptxas serializes wgmma issued on divergent paths).
-    constexpr int kTurn = 4;  // ids 4 and 5 (1 and 2 are the epilogue's)
-    const int other = 1 - consumer;
-    uint32_t p_frag[kBlockN / 16][4];  // P of the previous step
-    // The issue helpers wait for nothing: each turn waits for its tiles before its first wgmma, so
-    // no wait loop sits between two in-flight products.
-    auto wait_k = [&](int step) { mbarrier_wait(k_full(step % kStages), (step / kStages) & 1); };
-    auto wait_v = [&](int step) { mbarrier_wait(v_full(step % kStages), (step / kStages) & 1); };
-    // S is each turn's own array (nothing of it carries over to the next turn; the SASS is the
-    // same as with one array for all turns).
-    using STile = float[kBlockN / 8][4];
-    auto issue_s = [&](STile& s, int step) {
-      const uint32_t k_stage = s_k + (step % kStages) * Cfg::kKvBytes;
+  for (int tile = 0;; ++tile) {
+    mbarrier_wait(item_full, tile & 1);
+    WorkItem scheduled;
+    int num_partial, num_blocks;
+    asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(scheduled.block), "=r"(scheduled.copy), "=r"(num_partial), "=r"(num_blocks)
+                 : "r"(item_slot)
+                 : "memory");
+    mbarrier_arrive_if(item_empty, lane == 0);
+    if (scheduled.block < 0) break;
+    const FwdWork work = fwd_work(p, scheduled, kBlockM);
+    const int batch = work.batch;
+    const PackedRows rows = work.rows;
+    // The item's kv list with the counts the producer read (kv_blocks_of without its two loads).
+    const int64_t list_row = static_cast<int64_t>(work.q_block) * p.blocks.num_kv_blocks;
+    const VisitList kv_list{num_partial, num_blocks, p.blocks.kv_indices + list_row, p.blocks.full_kv_indices + list_row};
+    auto kv_block_at = [&](int step) { return kv_list.at(step); };
+    const QueryMask row_mask[2] = {query_mask(p.mask, rows.query(my_row[0])), query_mask(p.mask, rows.query(my_row[1]))};
+
+    float acc_o[kHeadDim / 8][4] = {};
+    float row_max[2] = {-INFINITY, -INFINITY};  // raw scores (unscaled)
+    float row_sum[2] = {0.f, 0.f};              // this thread's columns only; quad-reduced at the end
+
+    int kv_block = kv_block_at(0);
+    mbarrier_wait(q_full, tile & 1);
+    if constexpr (Cfg::kOverlap) {
+      // FlashAttention-3's schedule. Step j issues S_j = Q K_j^T together with O += P_{j-1} V_{j-1}
+      // (so the tensor cores have the next product while this warpgroup does softmax). With two
+      // consumers (ping-pong) they also take turns to issue: consumer c waits on named barrier
+      // kTurn + c, which the other arrives at once it has issued its own products; consumer 1 grants
+      // the first turn. With n steps each consumer takes n + 1 turns (S_0; S_j + PV_{j-1}; PV_{n-1})
+      // and grants as many, except that consumer 1 skips its last grant (consumer 0 has no turn
+      // left) having granted the first: every wait pairs with one arrival, and an arrival can run at
+      // most one ahead. One consumer (wgmma_m64_n64_overlap) overlaps only with itself, and with the
+      // other CTA on its SM. The first and last turns are peeled so that every wgmma of the loop is
+      // issued unconditionally (ptxas serializes wgmma issued on divergent paths).
+      constexpr bool kTakeTurns = Cfg::kConsumers == 2;
+      constexpr int kTurn = 4;  // ids 4 and 5 (1 and 2 are the epilogue's)
+      const int other = 1 - consumer;
+      auto await_turn = [&] {
+        if constexpr (kTakeTurns) named_barrier_sync(kTurn + consumer, 256);
+      };
+      auto grant_turn = [&] {
+        if constexpr (kTakeTurns) named_barrier_arrive(kTurn + other, 256);
+      };
+      uint32_t p_frag[kBlockN / 16][4];  // P of the previous step
+      // The issue helpers wait for nothing: each turn waits for its tiles before its first wgmma, so
+      // no wait loop sits between two in-flight products.
+      auto wait_k = [&](int step) { mbarrier_wait(k_full(stage_of(step)), phase_of(step)); };
+      auto wait_v = [&](int step) { mbarrier_wait(v_full(stage_of(step)), phase_of(step)); };
+      // S is each turn's own array (nothing of it carries over to the next turn; the SASS is the
+      // same as with one array for all turns).
+      using STile = float[kBlockN / 8][4];
+      auto issue_s = [&](STile& s, int step) {
+        const uint32_t k_stage = s_k + stage_of(step) * Cfg::kKvBytes;
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          const uint32_t k_offset = (kk % 4) * 32;
+          const uint64_t desc_q = smem_descriptor(q_rows + (kk / 4) * kBlockM * 128 + k_offset, 16, 1024);
+          const uint64_t desc_k = smem_descriptor(k_stage + (kk / 4) * kBlockN * 128 + k_offset, 16, 1024);
+          wgmma_ss<kBlockN, false>(s, desc_q, desc_k, kk > 0);
+        }
+        wgmma_commit();
+      };
+      auto issue_pv = [&](int step) {
+        const uint32_t v_stage = s_v + stage_of(step) * Cfg::kKvBytes;
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+          wgmma_rs<kHeadDim, true>(acc_o, p_frag[kk], smem_descriptor(v_stage + kk * 16 * 128, kBlockN * 128, 1024), true);
+        }
+        wgmma_commit();
+      };
+      // The mask of a step as one bit per score of this thread, computed before the turn's products
+      // are issued (it does not depend on S): between the two waits below the code must be free of
+      // branches, or ptxas puts the wait for P V at the branch and the softmax no longer overlaps it.
+      static_assert(kBlockN / 2 <= 64, "one bit per score of this thread");
+      auto keep_bits = [&](int step) {
+        const int kv0 = kv_block_at(step) * kBlockN;
+        uint64_t keep = ~uint64_t{0};
+        if (step < num_partial || kv0 + kBlockN > kv_len) {
+          keep = 0;
+          int32_t docs[kBlockN / 8][2];
+          load_key_docs<kBlockN>(docs, p.mask, kv0);
+#pragma unroll
+          for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              if (visible(row_mask[e >> 1], docs[j][e & 1], kv0 + tile_column(j, e))) keep |= uint64_t{1} << (4 * j + e);
+            }
+          }
+        }
+        return keep;
+      };
+      auto apply_keep = [&](STile& s, uint64_t keep) {
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[j][e] = (keep >> (4 * j + e)) & 1 ? s[j][e] : -INFINITY;
+        }
+      };
+      // Turn `step` (1 <= step < n): S_step and P V of step - 1, in FlashAttention-3's order: O takes
+      // the previous softmax's factor between the two issues (S does not read O), so that after the
+      // wait for P V only P's packing is left; with the rescale after that wait ptxas scheduled the
+      // wait into the middle of the softmax. kMasked: the step may need its mask (a partial block,
+      // or the ragged last one); the unmasked turns skip even the selects.
+      auto turn = [&](int step, float (&corr)[2], auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
+        uint64_t keep = ~uint64_t{0};
+        if constexpr (kMasked) keep = keep_bits(step);
+        float s[kBlockN / 8][4];
+        await_turn();
+        wait_k(step);
+        wait_v(step - 1);
+        wgmma_fence();
+        issue_s(s, step);
+        scale_rows<kHeadDim>(acc_o, corr);
+        fence_registers(acc_o);
+        wgmma_fence();
+        issue_pv(step - 1);
+        grant_turn();
+        wgmma_wait<1>();  // S is in; P V still runs while this warpgroup does the softmax
+        fence_registers(s);
+        mbarrier_arrive_if(k_empty(stage_of(step)), lane == 0);  // this warp is done with K_step
+        if constexpr (kMasked) apply_keep(s, keep);
+        online_softmax_scores<kBlockN>(s, row_max, row_sum, scale_log2, corr);
+        fence_registers(s);
+        // ptxas hoists a wgmma wait to the top of its basic block (here: above the softmax, which
+        // then no longer overlaps P V). A wait loop ends the block here: the one for this step's V
+        // (its copy was issued once V_{step-2} was released, a turn ago; the next turn needs it).
+        // Waiting for K_{step+1} instead deadlocked in session 8, when K and V were released
+        // together: with two stages its copy needed the release just below.
+        wait_v(step);
+        wgmma_wait<0>();
+        fence_registers(acc_o);
+        mbarrier_arrive_if(v_empty(stage_of(step - 1)), lane == 0);  // this warp is done with V_{step-1}
+        // P is packed only now: p_frag is P V's operand until the wait, and ptxas serializes every
+        // wgmma if a wgmma's input register is written while a product is in flight (C7513).
+        to_a_fragments<kBlockN / 16>(p_frag, s);
+      };
+      if (num_blocks > 0) {
+        float corr[2];  // O's factor from the last softmax, applied before the next P V
+        if (consumer == 1) grant_turn();
+        {  // turn 0: S_0 (nothing else in flight: the mask may branch)
+          const uint64_t keep = keep_bits(0);
+          float s[kBlockN / 8][4];
+          await_turn();
+          wait_k(0);
+          wgmma_fence();
+          issue_s(s, 0);
+          grant_turn();
+          wgmma_wait<0>();
+          fence_registers(s);
+          mbarrier_arrive_if(k_empty(stage_of(0)), lane == 0);
+          apply_keep(s, keep);
+          online_softmax_scores<kBlockN>(s, row_max, row_sum, scale_log2, corr);
+          to_a_fragments<kBlockN / 16>(p_frag, s);
+        }
+        // The listed blocks come partial first; a ragged KV length masks the last block too, so then
+        // every turn takes the masked path.
+        const int masked_steps = kv_len % kBlockN != 0 ? num_blocks : num_partial;
+        int step = 1;
+        for (; step < masked_steps; ++step) turn(step, corr, std::true_type{});
+        for (; step < num_blocks; ++step) turn(step, corr, std::false_type{});
+        {  // turn n: P V of the last step
+          await_turn();
+          wait_v(num_blocks - 1);
+          scale_rows<kHeadDim>(acc_o, corr);
+          fence_registers(acc_o);
+          wgmma_fence();
+          issue_pv(num_blocks - 1);
+          if (consumer == 0) grant_turn();
+          wgmma_wait<0>();
+          fence_registers(acc_o);
+          mbarrier_arrive_if(v_empty(stage_of(num_blocks - 1)), lane == 0);
+        }
+      }
+    } else
+    for (int step = 0; step < num_blocks; ++step) {
+      const int next = kv_block_at(step + 1);
+      const int stage = stage_of(step);
+      const uint32_t parity = phase_of(step);
+      const uint32_t k_stage = s_k + stage * Cfg::kKvBytes;
+      const uint32_t v_stage = s_v + stage * Cfg::kKvBytes;
+
+      float s[kBlockN / 8][4];
+      mbarrier_wait(k_full(stage), parity);
+      wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        const uint32_t k_offset = (kk % 4) * 32;
+        const uint32_t k_offset = (kk % 4) * 32;  // 16 columns = 32 bytes within a 64-column half
         const uint64_t desc_q = smem_descriptor(q_rows + (kk / 4) * kBlockM * 128 + k_offset, 16, 1024);
         const uint64_t desc_k = smem_descriptor(k_stage + (kk / 4) * kBlockN * 128 + k_offset, 16, 1024);
         wgmma_ss<kBlockN, false>(s, desc_q, desc_k, kk > 0);
       }
       wgmma_commit();
-    };
-    auto issue_pv = [&](int step) {
-      const uint32_t v_stage = s_v + (step % kStages) * Cfg::kKvBytes;
+      wgmma_wait<0>();
+      fence_registers(s);
+      mbarrier_arrive_if(k_empty(stage), lane == 0);  // this warp is done with K of the stage
+
+      const int kv0 = kv_block * kBlockN;
+      if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
+      online_softmax<kBlockN, kHeadDim>(s, acc_o, row_max, row_sum, scale_log2);
+      uint32_t p_frag[kBlockN / 16][4];
+      to_a_fragments<kBlockN / 16>(p_frag, s);
+
+      mbarrier_wait(v_full(stage), parity);
+      fence_registers(acc_o);
+      wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        wgmma_rs<kHeadDim, true>(acc_o, p_frag[kk], smem_descriptor(v_stage + kk * 16 * 128, kBlockN * 128, 1024), true);
+        // V is [kBlockN keys x D] with D contiguous: N-major B, 64-column halves kBlockN * 128 bytes apart.
+        const uint64_t desc_v = smem_descriptor(v_stage + kk * 16 * 128, kBlockN * 128, 1024);
+        wgmma_rs<kHeadDim, true>(acc_o, p_frag[kk], desc_v, true);
       }
       wgmma_commit();
-    };
-    // The mask of a step as one bit per score of this thread, computed before the turn's products
-    // are issued (it does not depend on S): between the two waits below the code must be free of
-    // branches, or ptxas puts the wait for P V at the branch and the softmax no longer overlaps it.
-    static_assert(kBlockN / 2 <= 64, "one bit per score of this thread");
-    auto keep_bits = [&](int step) {
-      const int kv0 = kv_block_at(step) * kBlockN;
-      uint64_t keep = ~uint64_t{0};
-      if (step < num_partial || kv0 + kBlockN > kv_len) {
-        keep = 0;
-        int32_t docs[kBlockN / 8][2];
-        load_key_docs<kBlockN>(docs, p.mask, kv0);
-#pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if (visible(row_mask[e >> 1], docs[j][e & 1], kv0 + tile_column(j, e))) keep |= uint64_t{1} << (4 * j + e);
-          }
-        }
-      }
-      return keep;
-    };
-    auto apply_keep = [&](STile& s, uint64_t keep) {
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] = (keep >> (4 * j + e)) & 1 ? s[j][e] : -INFINITY;
-      }
-    };
-    // Turn `step` (1 <= step < n): S_step and P V of step - 1, in FlashAttention-3's order: O takes
-    // the previous softmax's factor between the two issues (S does not read O), so that after the
-    // wait for P V only P's packing is left; with the rescale after that wait ptxas scheduled the
-    // wait into the middle of the softmax. kMasked: the step may need its mask (a partial block,
-    // or the ragged last one); the unmasked turns skip even the selects.
-    auto turn = [&](int step, float (&corr)[2], auto masked) {
-      constexpr bool kMasked = decltype(masked)::value;
-      uint64_t keep = ~uint64_t{0};
-      if constexpr (kMasked) keep = keep_bits(step);
-      float s[kBlockN / 8][4];
-      named_barrier_sync(kTurn + consumer, 256);
-      wait_k(step);
-      wait_v(step - 1);
-      wgmma_fence();
-      issue_s(s, step);
-      scale_rows<kHeadDim>(acc_o, corr);
-      fence_registers(acc_o);
-      wgmma_fence();
-      issue_pv(step - 1);
-      named_barrier_arrive(kTurn + other, 256);
-      wgmma_wait<1>();  // S is in; P V still runs while this warpgroup does the softmax
-      fence_registers(s);
-      if constexpr (kMasked) apply_keep(s, keep);
-      online_softmax_scores<kBlockN>(s, row_max, row_sum, scale_log2, corr);
-      fence_registers(s);
-      // ptxas hoists a wgmma wait to the top of its basic block (here: above the softmax, which
-      // then no longer overlaps P V). A wait loop ends the block here: the one for this step's V
-      // (loaded with K_step, so already in or nearly; the next turn needs it). Not K_{step+1}:
-      // with two stages it waits on this stage's release just below, a deadlock.
-      wait_v(step);
       wgmma_wait<0>();
       fence_registers(acc_o);
-      mbarrier_arrive(kv_empty((step - 1) % kStages));  // this thread is done with the previous stage
-      // P is packed only now: p_frag is P V's operand until the wait, and ptxas serializes every
-      // wgmma if a wgmma's input register is written while a product is in flight (C7513).
-      to_a_fragments<kBlockN / 16>(p_frag, s);
-    };
-    if (num_blocks > 0) {
-      float corr[2];  // O's factor from the last softmax, applied before the next P V
-      if (consumer == 1) named_barrier_arrive(kTurn + 0, 256);
-      {  // turn 0: S_0 (nothing else in flight: the mask may branch)
-        const uint64_t keep = keep_bits(0);
-        float s[kBlockN / 8][4];
-        named_barrier_sync(kTurn + consumer, 256);
-        wait_k(0);
-        wgmma_fence();
-        issue_s(s, 0);
-        named_barrier_arrive(kTurn + other, 256);
-        wgmma_wait<0>();
-        fence_registers(s);
-        apply_keep(s, keep);
-        online_softmax_scores<kBlockN>(s, row_max, row_sum, scale_log2, corr);
-        to_a_fragments<kBlockN / 16>(p_frag, s);
-      }
-      // The listed blocks come partial first; a ragged KV length masks the last block too, so then
-      // every turn takes the masked path.
-      const int masked_steps = kv_len % kBlockN != 0 ? num_blocks : num_partial;
-      int step = 1;
-      for (; step < masked_steps; ++step) turn(step, corr, std::true_type{});
-      for (; step < num_blocks; ++step) turn(step, corr, std::false_type{});
-      {  // turn n: P V of the last step
-        named_barrier_sync(kTurn + consumer, 256);
-        wait_v(num_blocks - 1);
-        scale_rows<kHeadDim>(acc_o, corr);
-        fence_registers(acc_o);
-        wgmma_fence();
-        issue_pv(num_blocks - 1);
-        if (consumer == 0) named_barrier_arrive(kTurn + other, 256);
-        wgmma_wait<0>();
-        fence_registers(acc_o);
-        mbarrier_arrive(kv_empty((num_blocks - 1) % kStages));
+      mbarrier_arrive_if(v_empty(stage), lane == 0);  // and with V
+      kv_block = next;
+    }
+
+    // ---- epilogue ----
+    if (own_o) mbarrier_arrive_if(q_empty, lane == 0);  // every wgmma of this warp is done: Q is free
+    float inv_sum[2];
+    finish_rows(p, rows, batch, my_row, row_max, row_sum, scale_log2, inv_sum);
+    // The O tile of the previous item has been read by its store (own O tile), or every warp of
+    // this warpgroup is past its last wgmma (O staged in the Q rows).
+    if (own_o && storer) tma_store_wait_read();
+    named_barrier_sync(1 + consumer, 128);
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      const int col = j * 8 + (lane & 3) * 2;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t packed = pack_bf16(acc_o[j][2 * i] * inv_sum[i], acc_o[j][2 * i + 1] * inv_sum[i]);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(s_o + swizzled_offset(kBlockM, my_row[i], col)), "r"(packed) : "memory");
       }
     }
-  } else
-  for (int step = 0; step < num_blocks; ++step) {
-    const int next = kv_block_at(step + 1);
-    const int stage = step % kStages;
-    const uint32_t parity = (step / kStages) & 1;
-    const uint32_t k_stage = s_k + stage * Cfg::kKvBytes;
-    const uint32_t v_stage = s_v + stage * Cfg::kKvBytes;
-
-    float s[kBlockN / 8][4];
-    mbarrier_wait(k_full(stage), parity);
-    wgmma_fence();
+    fence_async_shared();
+    named_barrier_sync(1 + consumer, 128);
+    if (storer) {
+      // The O map's box is this warpgroup's 64 rows: 64 positions of one head when block_m >= 64,
+      // else 64 / block_m heads x block_m positions.
+      const int row0 = consumer * 64;
+      const int head = rows.head(row0);
+      const int q0 = rows.query(row0);
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t k_offset = (kk % 4) * 32;  // 16 columns = 32 bytes within a 64-column half
-      const uint64_t desc_q = smem_descriptor(q_rows + (kk / 4) * kBlockM * 128 + k_offset, 16, 1024);
-      const uint64_t desc_k = smem_descriptor(k_stage + (kk / 4) * kBlockN * 128 + k_offset, 16, 1024);
-      wgmma_ss<kBlockN, false>(s, desc_q, desc_k, kk > 0);
+      for (int half = 0; half < kHalves; ++half) {
+        tma_store_4d(&maps.o, s_o + consumer * 64 * 128 + half * kBlockM * 128, half * 64, q0, head, batch);
+      }
+      tma_store_commit();
+      if (!own_o) {
+        tma_store_wait_read();  // the next item's Q may overwrite the staged O now
+        mbarrier_arrive(q_empty);
+      }
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(s);
-
-    const int kv0 = kv_block * kBlockN;
-    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
-    online_softmax<kBlockN, kHeadDim>(s, acc_o, row_max, row_sum, scale_log2);
-    uint32_t p_frag[kBlockN / 16][4];
-    to_a_fragments<kBlockN / 16>(p_frag, s);
-
-    mbarrier_wait(v_full(stage), parity);
-    fence_registers(acc_o);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      // V is [kBlockN keys x D] with D contiguous: N-major B, 64-column halves kBlockN * 128 bytes apart.
-      const uint64_t desc_v = smem_descriptor(v_stage + kk * 16 * 128, kBlockN * 128, 1024);
-      wgmma_rs<kHeadDim, true>(acc_o, p_frag[kk], desc_v, true);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(acc_o);
-    mbarrier_arrive(kv_empty(stage));  // this thread is done with the stage
-    kv_block = next;
+    ring += num_blocks;
   }
-
-  // ---- epilogue ----
-  float inv_sum[2];
-  finish_rows(p, rows, batch, my_row, row_max, row_sum, scale_log2, inv_sum);
-  // Every warp of this warpgroup is past its last wgmma, so the group's Q rows are free for O.
-  named_barrier_sync(1 + consumer, 128);
-#pragma unroll
-  for (int j = 0; j < kHeadDim / 8; ++j) {
-    const int col = j * 8 + (lane & 3) * 2;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint32_t packed = pack_bf16(acc_o[j][2 * i] * inv_sum[i], acc_o[j][2 * i + 1] * inv_sum[i]);
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(s_q + swizzled_offset(kBlockM, my_row[i], col)), "r"(packed) : "memory");
-    }
-  }
-  fence_async_shared();
-  named_barrier_sync(1 + consumer, 128);
-  if ((threadIdx.x & 127) == 0) {
-    // The O map's box is this warpgroup's 64 rows: 64 positions of one head when block_m >= 64,
-    // else 64 / block_m heads x block_m positions.
-    const int row0 = consumer * 64;
-    const int head = rows.head(row0);
-    const int q0 = rows.query(row0);
-#pragma unroll
-    for (int half = 0; half < kHalves; ++half) {
-      tma_store_4d(&maps.o, q_rows + half * kBlockM * 128, half * 64, q0, head, batch);
-    }
-    tma_store_commit();
-    tma_store_wait_read();
-  }
+  if (storer) tma_store_wait_read();  // the CTA's shared memory must outlive the last store's reads
 }
 
 }  // namespace harness::kernels::cuda::device

@@ -27,6 +27,14 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+//! mbarrier_arrive by the threads with `arrive` set, predicated (no branch: a branch between two
+//! wgmma waits moves where ptxas puts the second, see fwd_wgmma_kernel.cuh).
+__device__ __forceinline__ void mbarrier_arrive_if(uint32_t bar, bool arrive) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.u32 p, %1, 0;\n @p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
+      "r"(static_cast<uint32_t>(arrive))
+      : "memory");
+}
 //! Whether the phase of parity `parity` has completed (a fresh barrier reports parity 1 complete,
 //! so producers start waiting on "empty" with parity 1 and pass at once).
 __device__ __forceinline__ bool mbarrier_try_wait(uint32_t bar, uint32_t parity) {

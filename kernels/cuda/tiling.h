@@ -62,10 +62,12 @@ constexpr Tile bwd_dkdv_tile(int64_t heads, int64_t kv_heads) {
 constexpr int64_t fwd_ctas(int64_t batch, int64_t heads, int64_t kv_heads, int64_t num_q_blocks, FwdKernel kernel) {
   return num_q_blocks * (heads / fwd_tile(heads, kv_heads, kernel).heads_packed) * batch;
 }
-//! Forward scratch: the longest-first schedule, one WorkItem per CTA.
+//! Forward scratch: the longest-first schedule, one WorkItem per work item (a CTA's, unless the
+//! CTAs are persistent), then the persistent CTAs' work item counter.
 constexpr int64_t fwd_scratch_bytes(int64_t batch, int64_t heads, int64_t kv_heads, int64_t num_q_blocks,
                                     FwdKernel kernel) {
-  return align_scratch(fwd_ctas(batch, heads, kv_heads, num_q_blocks, kernel) * kWorkItemBytes);
+  // The schedule, then the persistent CTAs' work item counter (one aligned slot).
+  return align_scratch(fwd_ctas(batch, heads, kv_heads, num_q_blocks, kernel) * kWorkItemBytes) + kScratchAlign;
 }
 
 //! Backward scratch, in order: per-(batch, head, padded q row) statistics, per padded q row mask
