@@ -5,6 +5,7 @@
 # here as links (HARNESS_BUILT_ROOT). Logs go to $OUT. STEPS picks what runs (default: all below but
 # bench and evidence):
 #   selftest  the kernels alone against fp32/float64 references, timed at the real dims
+#             (SELFTEST_ARGS, e.g. --experimental)
 #   tests     [cuda] Catch2 cases (torch and CLI)
 #   bwd       harness run bwd_fusion --device cuda:0, default (atomic) and deterministic backward
 #   python    pytest tests/python on CUDA, then bench/python_vs_cpp.py
@@ -54,7 +55,9 @@ if [[ -d .whl/fa4-part1 ]]; then rm -rf /tmp/fa4-part1 && cp -r .whl/fa4-part1 /
 
 if want selftest; then
   step "kernel self-test"
-  timeout 300 "$build/kernels/cuda/harness_attention_selftest" --log "$out/selftest.log" >/dev/null 2>&1; echo "rc=$?"
+  # SELFTEST_ARGS: e.g. --experimental (also checks and times kExperimentalFwdKernels), --only TEXT.
+  # shellcheck disable=SC2086
+  timeout 300 "$build/kernels/cuda/harness_attention_selftest" ${SELFTEST_ARGS:-} --log "$out/selftest.log" >/dev/null 2>&1; echo "rc=$?"
   grep -E '^\||PASSED|FAILED|ERROR' "$out/selftest.log" | tail -40
 fi
 if want tests; then

@@ -31,6 +31,11 @@ enum class FwdKernel : int32_t {
   //! 4% faster on causal 128 anchors (0.595 ms against 0.620) and in the autotuner's timings of
   //! sliding_window-8k and document_causal-8k (0.321 / 0.330 against 0.332 / 0.341).
   wgmma_m64_n64_overlap = 5,
+  //! wgmma_m128_n128_pingpong with a 2-deep K/V ring (enough now that K and V are released apart)
+  //! and so room for an O tile of its own, hence persistent CTAs. Experimental: written in
+  //! session 10 without a GPU left to time it; `harness_attention_selftest --experimental` checks
+  //! and times it.
+  wgmma_m128_n128_pingpong_persistent = 6,
 };
 
 //! The backward kernels (autotuner candidates); all read the dK/dV BlockMask, the first two the
@@ -58,6 +63,7 @@ constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
     case FwdKernel::wgmma_m64_n64: return {64, 64};
     case FwdKernel::wgmma_m128_n128_pingpong: return {128, 128};
     case FwdKernel::wgmma_m64_n64_overlap: return {64, 64};
+    case FwdKernel::wgmma_m128_n128_pingpong_persistent: return {128, 128};
   }
   return {128, 64};
 }
@@ -70,6 +76,7 @@ constexpr const char* fwd_kernel_label(FwdKernel kernel) {
     case FwdKernel::wgmma_m64_n64: return "wgmma_m64_n64";
     case FwdKernel::wgmma_m128_n128_pingpong: return "wgmma_m128_n128_pingpong";
     case FwdKernel::wgmma_m64_n64_overlap: return "wgmma_m64_n64_overlap";
+    case FwdKernel::wgmma_m128_n128_pingpong_persistent: return "wgmma_m128_n128_pingpong_persistent";
   }
   return "unknown";
 }
@@ -82,9 +89,9 @@ constexpr FwdKernel kFwdKernels[] = {FwdKernel::wgmma_m128_n128, FwdKernel::wgmm
 //! (0.135 ms against wgmma_m64_n64's 0.111 at 128 anchors), which the autotuner picks there.
 constexpr FwdKernel kDefaultFwdKernel = kFwdKernels[0];
 //! Forward kernels that exist but are no candidates yet (`harness_attention_selftest
-//! --experimental` checks and times them): none at present; the ping-pong kernel was one until it
-//! ran correctly and, at causal 128 anchors, faster than wgmma_m128_n128 (H200, session 8).
-constexpr std::array<FwdKernel, 0> kExperimentalFwdKernels{};
+//! --experimental` checks and times them). The ping-pong kernel was one until it ran correctly
+//! and, at causal 128 anchors, faster than wgmma_m128_n128 (H200, session 8).
+constexpr std::array<FwdKernel, 1> kExperimentalFwdKernels{FwdKernel::wgmma_m128_n128_pingpong_persistent};
 
 constexpr const char* bwd_kernel_label(BwdKernel kernel) {
   switch (kernel) {
@@ -177,9 +184,10 @@ struct FwdWgmmaConfig {
   //! a counter) rather than one CTA per work item. H200, session 10 (harness_attention_selftest,
   //! one run): persistent is faster for every kernel but the ping-pong (dflash 512 anchors
   //! wgmma_m128_n64 0.395 -> 0.372 ms, wgmma_m128_n128 0.460 -> 0.439; causal 128 anchors
-  //! wgmma_m128_n128 0.526 -> 0.514), which has no room for an O tile of its own, so reloads Q
-  //! after each item's epilogue: causal 0.496 -> 0.519 ms persistent.
-  static constexpr bool kPersistent = !(kOverlap && kConsumers == 2);
+  //! wgmma_m128_n128 0.526 -> 0.514), which has no room for an O tile of its own at 3 stages, so
+  //! reloads Q after each item's epilogue: causal 0.496 -> 0.519 ms persistent. A ping-pong with
+  //! an O tile (2 stages) is persistent (experimental, unmeasured).
+  static constexpr bool kPersistent = !(kOverlap && kConsumers == 2) || kOwnO;
   //! setmaxnreg budgets (multiples of 8): the producer's one thread needs a few dozen registers;
   //! the consumers hold O (kHeadDim / 2 fp32), S (kBlockN / 2 fp32) and P (kBlockN / 4) per
   //! thread. The SM's 64K registers: 128 x kProducerRegisters + kConsumers x 128 x

@@ -306,6 +306,8 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
       return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 128, 2, 3, 1, true>>(params, tile, schedule, ctas, stream);
     case FwdKernel::wgmma_m64_n64_overlap:
       return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 64, 1, 2, 2, true>>(params, tile, schedule, ctas, stream);
+    case FwdKernel::wgmma_m128_n128_pingpong_persistent:
+      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 128, 2, 2, 1, true>>(params, tile, schedule, ctas, stream);
   }
   throw UnsupportedConfig("fused_cuda attention: unknown forward kernel " + std::to_string(static_cast<int>(params.kernel)));
 }
@@ -489,6 +491,9 @@ std::string describe_fwd_config(const AttentionShape& shape, FwdKernel kernel) {
     case FwdKernel::wgmma_m64_n64_overlap:
       return tile + " TMA producer + 1 wgmma consumer warpgroup, P V issued with the next S, K and V released apart, "
                     "K/V ring x2, 2 CTAs/SM, persistent CTAs, longest first";
+    case FwdKernel::wgmma_m128_n128_pingpong_persistent:
+      return tile + " TMA producer + 2 wgmma consumer warpgroups in ping-pong, P V issued with the next S, K/V ring x2, "
+                    "O tile of its own, persistent CTAs, longest first (EXPERIMENTAL)";
   }
   return tile;
 }

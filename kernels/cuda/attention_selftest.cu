@@ -1007,11 +1007,10 @@ int main(int argc, char** argv) {
         say("    [%s forward]\n", fwd_kernel_name(c.fwd.kernel));
         check_forward(bf16_to_float(c.d_o.download()), c.d_lse.download(), ref, "gpu", 1e-2);
       }
-      // Every forward kernel's launch modes give the same bits: one CTA per work item, and 3
-      // persistent CTAs taking every item in turn (the K/V ring and the work item handshake run
-      // across many items), against the kernel's default launch (mma_m128_n64 has one mode).
-      for (size_t i = 0; i < fwd_kernels().size(); ++i) {
-        use_fwd_kernel(c, i);
+      // The launch modes of the forward kernel in c.fwd give the same bits: one CTA per work item,
+      // and 3 persistent CTAs taking every item in turn (the K/V ring and the work item handshake
+      // run across many items), against the kernel's default launch (mma_m128_n64 has one mode).
+      auto check_launch_modes = [&] {
         std::vector<uint16_t> o_default;
         std::vector<float> lse_default;
         bool same = true;
@@ -1031,6 +1030,10 @@ int main(int argc, char** argv) {
         say("    %s forward, one CTA per work item and 3 persistent CTAs, bitwise the default launch: %s\n",
             fwd_kernel_name(c.fwd.kernel), same ? "yes" : "NO");
         if (!same) ++g_failures;
+      };
+      for (size_t i = 0; i < fwd_kernels().size(); ++i) {
+        use_fwd_kernel(c, i);
+        check_launch_modes();
       }
       if (g_experimental) {
         for (FwdKernel kernel : kExperimentalFwdKernels) {
@@ -1041,6 +1044,7 @@ int main(int argc, char** argv) {
           say("    [%s forward, experimental]\n", fwd_kernel_name(kernel));
           check_forward(bf16_to_float(c.d_o.download()), c.d_lse.download(), ref, "gpu", 1e-2);
           if (pr.cpu_check) check_forward(bf16_to_float(c.d_o.download()), c.d_lse.download(), cpu, "cpu", 1e-2);
+          check_launch_modes();
         }
       }
       use_fwd_kernel(c, default_fwd_index(c));

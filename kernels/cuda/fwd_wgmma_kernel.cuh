@@ -317,8 +317,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
         // then no longer overlaps P V). A wait loop ends the block here: the one for this step's V
         // (its copy was issued once V_{step-2} was released, a turn ago; the next turn needs it).
         // Waiting for K_{step+1} instead deadlocked in session 8, when K and V were released
-        // together: with two stages its copy needed the release just below.
-        wait_v(step);
+        // together: with two stages its copy needed the release just below. A 2-stage ping-pong
+        // waits for V_{step-1} instead, complete since the turn began: there V_step's copy needs
+        // the other consumer to release V_{step-2} at the end of its turn, which may still be in
+        // its softmax, and this wait would expose that and the copy.
+        if constexpr (kTakeTurns && kStages == 2) {
+          wait_v(step - 1);
+        } else {
+          wait_v(step);
+        }
         wgmma_wait<0>();
         fence_registers(acc_o);
         mbarrier_arrive_if(v_empty(stage_of(step - 1)), lane == 0);  // this warp is done with V_{step-1}
