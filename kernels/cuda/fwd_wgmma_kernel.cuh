@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   auto k_empty = [&](int stage) { return bars + 8u * (4 + 2 * kStages + stage); };
   auto v_empty = [&](int stage) { return bars + 8u * (4 + 3 * kStages + stage); };
   // The CTA's next work item (WorkItem block and copy, its partial and all kv blocks; block -1: no
-  // more): the producer writes it once every consumer thread has read the last one (item_empty)
+  // more): the producer writes it once every consumer warp has read the last one (item_empty)
   // and arrives on item_full, before any copy of the item, so the consumers set the item up
   // (its rows' masks: global loads) while its Q is still on the way.
   const uint32_t item_slot = bars + 8u * (4 + 4 * kStages);
