@@ -10,6 +10,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,28 +70,21 @@ int sm_count() {
   return count;
 }
 
-//! The grid of a wgmma forward of `items` work items at `per_sm` CTAs per SM: one CTA per item, or
-//! persistent CTAs taking items until none is left (one per SM slot, or at most max_ctas > 0).
-//! max_ctas 0 takes the kernel's default (`persistent`) unless HARNESS_CUDA_FWD_PERSISTENT says
-//! otherwise for every kernel: 0 (one CTA per item), 1 (persistent, one per SM slot) or grid:N (at
-//! most N, so that a test runs many items per CTA); read once.
+//! The grid of a wgmma forward of `items` work items at `per_sm` CTAs per SM. max_ctas (as in
+//! FwdParams): -1 = one CTA per item, 0 = persistent CTAs, one per SM slot, N > 0 = at most N
+//! persistent CTAs. A call's max_ctas of 0 means the kernel's default (`persistent` or one CTA per
+//! item) unless HARNESS_CUDA_FWD_PERSISTENT sets one for every launch: 0 (one CTA per item), 1 (one
+//! per SM slot) or grid:N (at most N, so that a test runs many items per CTA); read once.
 int64_t fwd_grid(int64_t items, int per_sm, bool persistent, int32_t max_ctas) {
-  static const int64_t forced = [] {  // -2: not set, else a max_ctas
+  static const std::optional<int64_t> forced = []() -> std::optional<int64_t> {
     const char* value = std::getenv("HARNESS_CUDA_FWD_PERSISTENT");
     const std::string text = value ? value : "";
-    if (text == "0") return int64_t{-1};
-    if (text == "1") return int64_t{0};
-    if (text.rfind("grid:", 0) == 0) return static_cast<int64_t>(std::max(1L, std::strtol(text.c_str() + 5, nullptr, 10)));
-    return int64_t{-2};
+    if (text == "0") return -1;
+    if (text == "1") return 0;
+    if (text.rfind("grid:", 0) == 0) return std::max(1L, std::strtol(text.c_str() + 5, nullptr, 10));
+    return std::nullopt;
   }();
-  int64_t cap = max_ctas;
-  if (cap == 0) {
-    if (forced != -2) {
-      cap = forced;
-      persistent = forced != -1;
-    }
-    if (!persistent) cap = -1;
-  }
+  const int64_t cap = max_ctas != 0 ? max_ctas : forced.value_or(persistent ? 0 : -1);
   if (cap < 0) return items;
   return std::min<int64_t>(items, cap > 0 ? cap : int64_t{sm_count()} * per_sm);
 }

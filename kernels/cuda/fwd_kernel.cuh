@@ -56,10 +56,14 @@ struct VisitList {
     return step >= count ? 0 : step < num_partial ? __ldg(partial + step) : __ldg(full + step - num_partial);
   }
 };
+//! The kv list of a q block whose counts are known (read once by another thread and handed over).
+__device__ __forceinline__ VisitList kv_blocks_of(const BlockListParams& b, int q_block, int num_partial, int count) {
+  const int64_t row = static_cast<int64_t>(q_block) * b.num_kv_blocks;
+  return {num_partial, count, b.kv_indices + row, b.full_kv_indices + row};
+}
 __device__ __forceinline__ VisitList kv_blocks_of(const BlockListParams& b, int q_block) {
   const int partial = __ldg(b.kv_num_blocks + q_block);
-  const int64_t row = static_cast<int64_t>(q_block) * b.num_kv_blocks;
-  return {partial, partial + __ldg(b.full_kv_num_blocks + q_block), b.kv_indices + row, b.full_kv_indices + row};
+  return kv_blocks_of(b, q_block, partial, partial + __ldg(b.full_kv_num_blocks + q_block));
 }
 __device__ __forceinline__ VisitList q_blocks_of(const BlockListParams& b, int kv_block) {
   const int partial = __ldg(b.q_num_blocks + kv_block);

@@ -200,9 +200,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     const FwdWork work = fwd_work(p, scheduled, kBlockM);
     const int batch = work.batch;
     const PackedRows rows = work.rows;
-    // The item's kv list with the counts the producer read (kv_blocks_of without its two loads).
-    const int64_t list_row = static_cast<int64_t>(work.q_block) * p.blocks.num_kv_blocks;
-    const VisitList kv_list{num_partial, num_blocks, p.blocks.kv_indices + list_row, p.blocks.full_kv_indices + list_row};
+    const VisitList kv_list = kv_blocks_of(p.blocks, work.q_block, num_partial, num_blocks);  // counts from the producer
     auto kv_block_at = [&](int step) { return kv_list.at(step); };
     const QueryMask row_mask[2] = {query_mask(p.mask, rows.query(my_row[0])), query_mask(p.mask, rows.query(my_row[1]))};
 
