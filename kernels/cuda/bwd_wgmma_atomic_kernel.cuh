@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto q_block_at = [&](int step) { return step >= num_steps ? 0 : q_list.at(step % num_q_blocks); };
   const int kv0 = kv_block * kKeys;
 
-  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  const int warpgroup = warpgroup_index();
   if (warpgroup == 0) {
     // ---- Producer: one thread issues every copy (as in bwd_dkdv_wgmma_tile). ----
     warpgroup_registers_decrease<Cfg::kProducerRegisters>();

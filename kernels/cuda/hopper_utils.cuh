@@ -110,6 +110,25 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t address, uint32_t l
   return desc;
 }
 
+//! This thread's warpgroup (threadIdx.x / 128), broadcast from lane 0: ptxas then knows it is the
+//! same in every lane and keeps what derives from it (a consumer's rows of a tile, so its wgmma
+//! descriptors) in uniform registers, rather than moving each descriptor into them with R2UR
+//! before every wgmma (H200, session 11: 115 R2UR in the atomic backward).
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+}
+
+//! The descriptor of the tile `bytes` (a multiple of 16) past the one `desc` describes: its start
+//! address field (bits 0-13, address / 16) plus bytes / 16, added to the low word only. No carry
+//! leaves the field: every shared-memory address is below 256 KB (2^14 x 16). A kernel builds a
+//! tile's descriptor once and advances it per k-slice and stage: built per wgmma, ptxas masked,
+//! shifted and moved each one into uniform registers anew (H200, session 11: ~10 instructions per
+//! wgmma, a third of the forward's inner loop).
+__device__ __forceinline__ uint64_t smem_descriptor_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 //! Byte offset of element (row, col) of a swizzled tile of `rows` rows x kHeadDim bf16, stored as
 //! kHeadDim / 64 halves of rows x 128 bytes (see the file comment).
 __device__ __forceinline__ uint32_t swizzled_offset(int rows, int row, int col) {
