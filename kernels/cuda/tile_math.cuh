@@ -87,6 +87,25 @@ __device__ __forceinline__ float tile_row_max(const float (&s)[kCols / 8][4], in
   return fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
 }
 
+//! The step of the online softmax after the maxima: s becomes 2^(s scale log2e - base) per row,
+//! and row_sum takes the factor corr and the tile's sum (this thread's columns only, quad-reduced
+//! at the end; four partial sums per row, as in tile_row_max).
+template <int kCols>
+__device__ __forceinline__ void exponentiate_rows(float (&s)[kCols / 8][4], const float (&base)[2], float scale_log2,
+                                                  const float (&corr)[2], float (&row_sum)[2]) {
+  float part[2][4] = {};
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[j][e] = exp2_approx(fmaf(s[j][e], scale_log2, -base[e >> 1]));
+      part[e >> 1][(j & 1) * 2 + (e & 1)] += s[j][e];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) row_sum[i] = fmaf(row_sum[i], corr[i], (part[i][0] + part[i][1]) + (part[i][2] + part[i][3]));
+}
+
 //! One online-softmax step of the forward without touching O: folds the tile's row maxima into
 //! row_max (raw scores), rescales row_sum by what the new maxima change and returns that factor
 //! in corr (O's, applied by the caller: at once, or once the MMAs still adding to O are done),
@@ -106,17 +125,7 @@ __device__ __forceinline__ void online_softmax_scores(float (&s)[kCols / 8][4], 
     corr[i] = row_max[i] == -INFINITY ? 0.f : exp2_approx(row_max[i] * scale_log2 - base[i]);
     row_max[i] = m;
   }
-  float part[2][4] = {};
-#pragma unroll
-  for (int j = 0; j < kCols / 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      s[j][e] = exp2_approx(fmaf(s[j][e], scale_log2, -base[e >> 1]));
-      part[e >> 1][(j & 1) * 2 + (e & 1)] += s[j][e];
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) row_sum[i] = fmaf(row_sum[i], corr[i], (part[i][0] + part[i][1]) + (part[i][2] + part[i][3]));
+  exponentiate_rows<kCols>(s, base, scale_log2, corr, row_sum);
 }
 
 //! Scales this thread's two rows of an accumulator tile (O) by corr[0] and corr[1].
@@ -138,6 +147,52 @@ __device__ __forceinline__ void online_softmax(float (&s)[kCols / 8][4], float (
   float corr[2];
   online_softmax_scores<kCols>(s, row_max, row_sum, scale_log2, corr);
   scale_rows<kHeadDim>(acc_o, corr);
+}
+
+//! online_softmax_scores with a lazy rescale (FlashAttention-4's): a row's reference max moves
+//! only when the tile's max exceeds it by more than kLazyRescaleLog2 (a probability of 2^8), and
+//! then all of the warp's rows take their new maxima; otherwise the tile's probabilities are taken
+//! against the old max (each at most 2^8 = 256: no fp32 sum overflows, and bf16 keeps P's relative
+//! precision at any magnitude), corr is 1 and O needs no rescale. Returns whether O must be
+//! rescaled by corr (the same in every lane of the warp, `__any_sync`), so that the caller can skip
+//! kHeadDim / 2 FMUL per thread and step once the maxima have settled. Exact: O, the sum and the
+//! LSE (finish_rows) all refer to the same max. No branch: the overlapped forwards call it between
+//! two wgmma waits.
+constexpr float kLazyRescaleLog2 = 8.f;
+template <int kCols>
+__device__ __forceinline__ bool online_softmax_scores_lazy(float (&s)[kCols / 8][4], float (&row_max)[2],
+                                                           float (&row_sum)[2], float scale_log2, float (&corr)[2]) {
+  float m[2];
+  bool grow = false;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    m[i] = quad_max(tile_row_max<kCols>(s, i, row_max[i]));
+    // A row with nothing visible so far (max -inf) grows with its first visible score; one that
+    // still sees nothing gives NaN here, which is no growth.
+    grow |= (m[i] - row_max[i]) * scale_log2 > kLazyRescaleLog2;
+  }
+  const bool rescale = __any_sync(0xffffffffu, grow);
+  float base[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    // corr rescales what was accumulated under the previous max; nothing was when it was -inf.
+    const float moved = row_max[i] == -INFINITY ? 0.f : exp2_approx((row_max[i] - m[i]) * scale_log2);
+    corr[i] = rescale ? moved : 1.f;
+    row_max[i] = rescale ? m[i] : row_max[i];
+    // A row with nothing visible so far keeps max -inf; subtract 0 then (every p is 0).
+    base[i] = row_max[i] == -INFINITY ? 0.f : row_max[i] * scale_log2;
+  }
+  exponentiate_rows<kCols>(s, base, scale_log2, corr, row_sum);
+  return rescale;
+}
+
+//! online_softmax with the lazy rescale: O is rescaled (a warp-uniform branch) only when a max
+//! moved. Only where no wgmma is in flight.
+template <int kCols, int kHeadDim>
+__device__ __forceinline__ void online_softmax_lazy(float (&s)[kCols / 8][4], float (&acc_o)[kHeadDim / 8][4],
+                                                    float (&row_max)[2], float (&row_sum)[2], float scale_log2) {
+  float corr[2];
+  if (online_softmax_scores_lazy<kCols>(s, row_max, row_sum, scale_log2, corr)) scale_rows<kHeadDim>(acc_o, corr);
 }
 
 //! Backward, S -> P = 2^(S scale log2e - lse2) with the rows' log2-scaled LSE.
