@@ -22,20 +22,29 @@ enum class FwdKernel : int32_t {
   //! wgmma_m128_n128 in FlashAttention-3's schedule: P V of the previous step issued with S of
   //! this one (the softmax runs while P V is on the tensor cores), the two consumer warpgroups
   //! taking turns to issue their MMAs (ping-pong), a 3-deep K/V ring (a stage is held from S_j to
-  //! P_j V_j, one turn longer). H200, causal 128 anchors: 0.49-0.51 ms against 0.52 (session 8).
+  //! P_j V_j, one turn longer). H200, causal 128 anchors: 0.49-0.51 ms against 0.52 (session 8);
+  //! 0.470-0.483 with the lazy rescale (session 11, self-test), 0.464 in the bench (666 TFLOP/s).
   wgmma_m128_n128_pingpong = 4,
   //! wgmma_m64_n64 (1 consumer warpgroup, 2 CTAs per SM) in the same overlapped schedule without
   //! turns: S of step j and P V of step j - 1 issued together, the softmax of S_j while P V runs;
   //! K and V released apart, so a 2-deep ring holds. H200, session 10 (final kernels, self-test):
   //! as fast as wgmma_m64_n64 on dflash (the other CTA on the SM already fills the softmax gaps),
   //! 4% faster on causal 128 anchors (0.595 ms against 0.620) and in the autotuner's timings of
-  //! sliding_window-8k and document_causal-8k (0.321 / 0.330 against 0.332 / 0.341).
+  //! sliding_window-8k and document_causal-8k (0.321 / 0.330 against 0.332 / 0.341). With the lazy
+  //! rescale (session 11) 0.370 ms at dflash 512 anchors against wgmma_m128_n64's 0.374, and the
+  //! autotuner's pick on dflash 512, document_causal-8k and sliding_window-8k.
   wgmma_m64_n64_overlap = 5,
   //! wgmma_m128_n128_pingpong with a 2-deep K/V ring (enough now that K and V are released apart)
-  //! and so room for an O tile of its own, hence persistent CTAs. Experimental: written in
-  //! session 10 without a GPU left to time it; `harness_attention_selftest --experimental` checks
-  //! and times it.
+  //! and so room for an O tile of its own and two Q buffers, hence persistent CTAs. Experimental:
+  //! correct (self-test), but slower than the 3-stage ping-pong where that one is picked (H200,
+  //! session 11, call 7: causal 128 anchors 0.516 ms against 0.483; dflash 512 0.418 against 0.435,
+  //! where wgmma_m64_n64_overlap takes 0.370).
   wgmma_m128_n128_pingpong_persistent = 6,
+  //! The ping-pong on 64-key tiles (3-deep ring, O tile, two Q buffers, persistent), for the short
+  //! KV lists of dflash and document masks. Experimental: correct, no faster than the kernels the
+  //! autotuner picks there (H200, session 11, call 7: dflash 512 anchors 0.373 ms against
+  //! wgmma_m64_n64_overlap's 0.370; causal 128 anchors 0.601 against the ping-pong's 0.483).
+  wgmma_m128_n64_pingpong = 7,
 };
 
 //! The backward kernels (autotuner candidates); all read the dK/dV BlockMask, the first two the
@@ -64,6 +73,7 @@ constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
     case FwdKernel::wgmma_m128_n128_pingpong: return {128, 128};
     case FwdKernel::wgmma_m64_n64_overlap: return {64, 64};
     case FwdKernel::wgmma_m128_n128_pingpong_persistent: return {128, 128};
+    case FwdKernel::wgmma_m128_n64_pingpong: return {128, 64};
   }
   return {128, 64};
 }
@@ -77,6 +87,7 @@ constexpr const char* fwd_kernel_label(FwdKernel kernel) {
     case FwdKernel::wgmma_m128_n128_pingpong: return "wgmma_m128_n128_pingpong";
     case FwdKernel::wgmma_m64_n64_overlap: return "wgmma_m64_n64_overlap";
     case FwdKernel::wgmma_m128_n128_pingpong_persistent: return "wgmma_m128_n128_pingpong_persistent";
+    case FwdKernel::wgmma_m128_n64_pingpong: return "wgmma_m128_n64_pingpong";
   }
   return "unknown";
 }
@@ -91,7 +102,8 @@ constexpr FwdKernel kDefaultFwdKernel = kFwdKernels[0];
 //! Forward kernels that exist but are no candidates yet (`harness_attention_selftest
 //! --experimental` checks and times them). The ping-pong kernel was one until it ran correctly
 //! and, at causal 128 anchors, faster than wgmma_m128_n128 (H200, session 8).
-constexpr std::array<FwdKernel, 1> kExperimentalFwdKernels{FwdKernel::wgmma_m128_n128_pingpong_persistent};
+constexpr std::array<FwdKernel, 2> kExperimentalFwdKernels{FwdKernel::wgmma_m128_n128_pingpong_persistent,
+                                                           FwdKernel::wgmma_m128_n64_pingpong};
 
 constexpr const char* bwd_kernel_label(BwdKernel kernel) {
   switch (kernel) {
@@ -171,22 +183,27 @@ struct FwdWgmmaConfig {
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  //!< one K (or V) stage
-  //! Q full, empty; work item full, empty; K, V full; K, V empty; then the 16-byte work item slot.
-  static constexpr int kBarrierBytes = 8 * (4 + 4 * kStages) + 16;
+  //! Q full and empty (one pair per Q buffer); work item full, empty; K, V full; K, V empty; then
+  //! the 16-byte work item slot.
+  static constexpr int kBarrierBytes = 8 * (6 + 4 * kStages) + 16;
   //! 1024 bytes of slack to align the tiles (the dynamic smem base is only 16-byte aligned).
   static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKvBytes + kBarrierBytes;
-  //! Whether O may be staged in a tile of its own (kSmemBytes + kQBytes), not in Q's: then a
-  //! persistent CTA loads its next work item's Q during this one's epilogue. Only at one CTA per
-  //! SM (at two the other CTA runs meanwhile anyway), where it fits: the 3-stage 128 x 128
-  //! ping-pong has no room for it. The launcher decides (own_o).
-  static constexpr bool kOwnO = kMinBlocksPerSm == 1 && kSmemBytes + kQBytes + 1024 <= 228 * 1024;
+  //! Whether a persistent CTA may give O a tile of its own and Q a second buffer (kSmemBytes +
+  //! 2 kQBytes): then the next work item's Q loads while this one still runs (into the buffer the
+  //! item before freed), not behind this one's last product. Only at one CTA per SM (at two the
+  //! other CTA runs meanwhile anyway), where it fits: the 3-stage 128 x 128 ping-pong has no room
+  //! for it. The launcher decides (own_o). The second Q buffer (session 11) measured no faster than
+  //! loading Q during the epilogue (H200, call 1: dflash 512 anchors wgmma_m128_n64 0.374 ms both)
+  //! and is kept: it takes the Q load off the path between two items at no cost in shared memory
+  //! that any kernel uses otherwise.
+  static constexpr bool kOwnO = kMinBlocksPerSm == 1 && kSmemBytes + 2 * kQBytes + 1024 <= 228 * 1024;
   //! Whether the launch is persistent by default (one CTA per SM slot, each taking work items from
   //! a counter) rather than one CTA per work item. H200, session 10 (harness_attention_selftest,
   //! one run): persistent is faster for every kernel but the ping-pong (dflash 512 anchors
   //! wgmma_m128_n64 0.395 -> 0.372 ms, wgmma_m128_n128 0.460 -> 0.439; causal 128 anchors
   //! wgmma_m128_n128 0.526 -> 0.514), which has no room for an O tile of its own at 3 stages, so
-  //! reloads Q after each item's epilogue: causal 0.496 -> 0.519 ms persistent. A ping-pong with
-  //! an O tile (2 stages) is persistent (experimental, unmeasured).
+  //! reloads Q after each item's epilogue: causal 0.496 -> 0.519 ms persistent. The ping-pongs with
+  //! an O tile (2 stages at 128 keys, 3 at 64) are persistent (experimental).
   static constexpr bool kPersistent = !(kOverlap && kConsumers == 2) || kOwnO;
   //! setmaxnreg budgets (multiples of 8): the producer's one thread needs a few dozen registers;
   //! the consumers hold O (kHeadDim / 2 fp32), S (kBlockN / 2 fp32) and P (kBlockN / 4) per

@@ -267,11 +267,13 @@ void launch_fwd_wgmma(const FwdParams& params, const TileShape& tile, const Work
                                      tiling::align_scratch(ctas * tiling::kWorkItemBytes));
     HARNESS_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream));
   }
-  // O in its own tile only for persistent CTAs (a CTA with one item has no next Q to load early).
-  // H200, session 10, persistent, dflash 512 anchors: wgmma_m128_n64 0.385 -> 0.374 ms with it.
+  // O in its own tile and Q in two buffers only for persistent CTAs (a CTA with one item has no
+  // next Q to load early).
+  // H200, session 10, persistent, dflash 512 anchors: wgmma_m128_n64 0.385 -> 0.374 ms with the O tile
+  // (the second Q buffer, session 11: no change measured).
   const bool own_o = Cfg::kOwnO && counter != nullptr;
   launch_kernel(device::attention_fwd_wgmma_kernel<Cfg>, "attention_fwd_wgmma_kernel", grid, Cfg::kThreads,
-                Cfg::kSmemBytes + (own_o ? Cfg::kQBytes : 0), stream, params, maps, schedule, static_cast<int>(ctas), counter,
+                Cfg::kSmemBytes + (own_o ? 2 * Cfg::kQBytes : 0), stream, params, maps, schedule, static_cast<int>(ctas), counter,
                 own_o);
 }
 
@@ -302,6 +304,8 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
       return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 64, 1, 2, 2, true>>(params, tile, schedule, ctas, stream);
     case FwdKernel::wgmma_m128_n128_pingpong_persistent:
       return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 128, 2, 2, 1, true>>(params, tile, schedule, ctas, stream);
+    case FwdKernel::wgmma_m128_n64_pingpong:
+      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 64, 2, 3, 1, true>>(params, tile, schedule, ctas, stream);
   }
   throw UnsupportedConfig("fused_cuda attention: unknown forward kernel " + std::to_string(static_cast<int>(params.kernel)));
 }
@@ -487,6 +491,9 @@ std::string describe_fwd_config(const AttentionShape& shape, FwdKernel kernel) {
                     "K/V ring x2, 2 CTAs/SM, persistent CTAs, longest first";
     case FwdKernel::wgmma_m128_n128_pingpong_persistent:
       return tile + " TMA producer + 2 wgmma consumer warpgroups in ping-pong, P V issued with the next S, K/V ring x2, "
+                    "O tile of its own, persistent CTAs, longest first (EXPERIMENTAL)";
+    case FwdKernel::wgmma_m128_n64_pingpong:
+      return tile + " TMA producer + 2 wgmma consumer warpgroups in ping-pong, P V issued with the next S, K/V ring x3, "
                     "O tile of its own, persistent CTAs, longest first (EXPERIMENTAL)";
   }
   return tile;

@@ -18,8 +18,9 @@
 //             ragged last block only), online softmax in registers, then O += P V with P as the
 //             register A operand (the accumulator layout of S is the A fragment layout of P, so P
 //             never touches shared memory). Epilogue: O / rowsum as bf16 into an O tile of its
-//             own (while the next item's Q loads) or the Q rows (no longer read), TMA store; LSE
-//             straight from registers.
+//             own (persistent at one CTA per SM, where Q has two buffers and the next item's Q
+//             loads while this one runs) or the Q rows (no longer read), TMA store; LSE straight
+//             from registers.
 // The producer warpgroup gives registers back (setmaxnreg) so the consumers can hold O (64 fp32 at
 // D = 128), S (kBlockN / 2 fp32) and P in registers.
 
@@ -62,25 +63,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
 
   extern __shared__ unsigned char smem_raw[];
   // TMA's 128-byte swizzle and the wgmma descriptors (base offset 0) need 1024-byte aligned tiles.
-  const uint32_t s_q = (smem_address(smem_raw) + 1023u) & ~1023u;
-  const uint32_t s_k = s_q + Cfg::kQBytes;
+  // own_o (see FwdWgmmaConfig::kOwnO): Q in two buffers, work item `tile` in buffer tile % 2, and O
+  // in a tile of its own; else one Q buffer, in which O is staged. Then the barriers.
+  const int q_buffers = own_o ? 2 : 1;
+  const uint32_t s_q0 = (smem_address(smem_raw) + 1023u) & ~1023u;
+  const uint32_t s_k = s_q0 + q_buffers * Cfg::kQBytes;
   const uint32_t s_v = s_k + kStages * Cfg::kKvBytes;
-  // O's own tile (own_o: see FwdWgmmaConfig::kOwnO) or O staged in Q's; then the barriers.
-  const uint32_t s_o = own_o ? s_v + kStages * Cfg::kKvBytes : s_q;
+  const uint32_t s_o0 = own_o ? s_v + kStages * Cfg::kKvBytes : s_q0;
   const uint32_t bars = s_v + kStages * Cfg::kKvBytes + (own_o ? Cfg::kQBytes : 0);
-  const uint32_t q_full = bars;
-  const uint32_t q_empty = bars + 8u;
-  const uint32_t item_full = bars + 16u;
-  const uint32_t item_empty = bars + 24u;
-  auto k_full = [&](int stage) { return bars + 8u * (4 + stage); };
-  auto v_full = [&](int stage) { return bars + 8u * (4 + kStages + stage); };
-  auto k_empty = [&](int stage) { return bars + 8u * (4 + 2 * kStages + stage); };
-  auto v_empty = [&](int stage) { return bars + 8u * (4 + 3 * kStages + stage); };
+  // A work item's Q buffer, and how many items used that buffer before it (its barriers' phase).
+  auto q_buffer = [&](int tile) { return own_o ? tile & 1 : 0; };
+  auto q_use = [&](int tile) { return own_o ? tile >> 1 : tile; };
+  auto s_q_of = [&](int tile) { return s_q0 + q_buffer(tile) * Cfg::kQBytes; };
+  auto q_full = [&](int tile) { return bars + 8u * q_buffer(tile); };
+  auto q_empty = [&](int tile) { return bars + 16u + 8u * q_buffer(tile); };
+  const uint32_t item_full = bars + 32u;
+  const uint32_t item_empty = bars + 40u;
+  auto k_full = [&](int stage) { return bars + 8u * (6 + stage); };
+  auto v_full = [&](int stage) { return bars + 8u * (6 + kStages + stage); };
+  auto k_empty = [&](int stage) { return bars + 8u * (6 + 2 * kStages + stage); };
+  auto v_empty = [&](int stage) { return bars + 8u * (6 + 3 * kStages + stage); };
   // The CTA's next work item (WorkItem block and copy, its partial and all kv blocks; block -1: no
   // more): the producer writes it once every consumer warp has read the last one (item_empty)
   // and arrives on item_full, before any copy of the item, so the consumers set the item up
   // (its rows' masks: global loads) while its Q is still on the way.
-  const uint32_t item_slot = bars + 8u * (4 + 4 * kStages);
+  const uint32_t item_slot = bars + 8u * (6 + 4 * kStages);
 
   // Persistent CTAs (item_counter set): the grid's G CTAs start with work items 0..G-1 of the
   // longest-first schedule, and each takes the next with one atomicAdd when its producer is done
@@ -93,9 +100,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   auto phase_of = [&](int step) { return ((ring + step) / kStages) & 1u; };
 
   if (threadIdx.x == 0) {
-    mbarrier_init(q_full, 1);
-    // Q (or, staged there, O) no longer read: every consumer warp, or each consumer's storing thread.
-    mbarrier_init(q_empty, own_o ? Cfg::kConsumers * 4 : Cfg::kConsumers);
+    for (int tile = 0; tile < q_buffers; ++tile) {
+      mbarrier_init(q_full(tile), 1);
+      // Q (or, staged there, O) no longer read: every consumer warp, or each consumer's storing thread.
+      mbarrier_init(q_empty(tile), own_o ? Cfg::kConsumers * 4 : Cfg::kConsumers);
+    }
     mbarrier_init(item_full, 1);
     mbarrier_init(item_empty, Cfg::kConsumers * 4);
     for (int stage = 0; stage < kStages; ++stage) {
@@ -110,7 +119,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   }
   __syncthreads();
 
-  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  const int warpgroup = warpgroup_index();
   if (warpgroup == 0) {
     // ---- producer ----
     warpgroup_registers_decrease<Cfg::kProducerRegisters>();
@@ -135,18 +144,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
                    "r"(scheduled.copy), "r"(kv_list.num_partial), "r"(num_blocks)
                    : "memory");
       mbarrier_arrive(item_full);
-      // Q first on a CTA's first item (nothing to wait for); on later ones after the item's first
-      // K and V, which need only a free ring stage, where Q needs the previous item's consumers
-      // (or its O store) to be done with the Q tile.
+      // Q first on a CTA's first item (nothing to wait for) and with two Q buffers (the one of the
+      // item before last, whose products are done: the producer is an item ahead of the consumers
+      // at most); with one, after the item's first K and V, which need only a free ring stage,
+      // where Q needs the previous item's O store to be done with the Q tile.
       auto load_q = [&] {
-        if (tile > 0) mbarrier_wait(q_empty, (tile - 1) & 1);
-        mbarrier_arrive_expect_tx(q_full, Cfg::kQBytes);
+        if (q_use(tile) > 0) mbarrier_wait(q_empty(tile), (q_use(tile) - 1) & 1);
+        mbarrier_arrive_expect_tx(q_full(tile), Cfg::kQBytes);
 #pragma unroll
         for (int half = 0; half < kHalves; ++half) {
-          tma_load_4d(s_q + half * kBlockM * 128, &maps.q, q_full, half * 64, work.rows.q0, work.rows.head0, work.batch);
+          tma_load_4d(s_q_of(tile) + half * kBlockM * 128, &maps.q, q_full(tile), half * 64, work.rows.q0, work.rows.head0,
+                      work.batch);
         }
       };
-      if (num_blocks == 0 || tile == 0) load_q();
+      const bool q_first = num_blocks == 0 || tile == 0 || own_o;
+      if (q_first) load_q();
       int kv_block = kv_list.at(0);
       for (int step = 0; step < num_blocks; ++step) {
         const int next = kv_list.at(step + 1);  // read one step ahead: its latency hides behind the wait
@@ -168,7 +180,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
           tma_load_4d(v_stage + half * kBlockN * 128, &maps.v, v_full(stage), half * 64, kv_block * kBlockN, work.kv_head,
                       work.batch);
         }
-        if (step == 0 && tile > 0) load_q();
+        if (step == 0 && !q_first) load_q();
         kv_block = next;
       }
       ring += num_blocks;
@@ -184,7 +196,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const int my_row[2] = {first_row + (lane >> 2), first_row + (lane >> 2) + 8};
   const float scale_log2 = p.scale * kLog2e;
   const int kv_len = p.shape.kv_len;
-  const uint32_t q_rows = s_q + consumer * 64 * 128;
   const bool storer = (threadIdx.x & 127) == 0;  // issues this warpgroup's O stores
 
   for (int tile = 0;; ++tile) {
@@ -209,7 +220,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     float row_sum[2] = {0.f, 0.f};              // this thread's columns only; quad-reduced at the end
 
     int kv_block = kv_block_at(0);
-    mbarrier_wait(q_full, tile & 1);
+    const uint32_t s_q = s_q_of(tile);
+    const uint32_t q_rows = s_q + consumer * 64 * 128;
+    const uint32_t s_o = own_o ? s_o0 : s_q;
+    // The operands' descriptors, built once and advanced by constant offsets (per k-slice and
+    // stage) where each wgmma reads them: Q's rows (K-major, 64-column halves kBlockM rows apart),
+    // the K ring (the same per stage) and the V ring (N-major: kBlockN * 128 bytes between halves).
+    const uint64_t desc_q0 = smem_descriptor(q_rows, 16, 1024);
+    const uint64_t desc_k0 = smem_descriptor(s_k, 16, 1024);
+    const uint64_t desc_v0 = smem_descriptor(s_v, kBlockN * 128, 1024);
+    auto desc_q = [&](int kk) { return smem_descriptor_advance(desc_q0, (kk / 4) * kBlockM * 128 + (kk % 4) * 32); };
+    auto desc_k = [&](uint64_t stage_desc, int kk) {
+      return smem_descriptor_advance(stage_desc, (kk / 4) * kBlockN * 128 + (kk % 4) * 32);
+    };
+    auto desc_v = [&](uint64_t stage_desc, int kk) { return smem_descriptor_advance(stage_desc, kk * 16 * 128); };
+    auto stage_desc = [&](uint64_t desc0, int stage) { return smem_descriptor_advance(desc0, stage * Cfg::kKvBytes); };
+    mbarrier_wait(q_full(tile), q_use(tile) & 1);
     if constexpr (Cfg::kOverlap) {
       // FlashAttention-3's schedule. Step j issues S_j = Q K_j^T together with O += P_{j-1} V_{j-1}
       // (so the tensor cores have the next product while this warpgroup does softmax). With two
@@ -239,22 +265,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       // same as with one array for all turns).
       using STile = float[kBlockN / 8][4];
       auto issue_s = [&](STile& s, int step) {
-        const uint32_t k_stage = s_k + stage_of(step) * Cfg::kKvBytes;
+        const uint64_t k_desc = stage_desc(desc_k0, stage_of(step));
 #pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-          const uint32_t k_offset = (kk % 4) * 32;
-          const uint64_t desc_q = smem_descriptor(q_rows + (kk / 4) * kBlockM * 128 + k_offset, 16, 1024);
-          const uint64_t desc_k = smem_descriptor(k_stage + (kk / 4) * kBlockN * 128 + k_offset, 16, 1024);
-          wgmma_ss<kBlockN, false>(s, desc_q, desc_k, kk > 0);
-        }
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) wgmma_ss<kBlockN, false>(s, desc_q(kk), desc_k(k_desc, kk), kk > 0);
         wgmma_commit();
       };
       auto issue_pv = [&](int step) {
-        const uint32_t v_stage = s_v + stage_of(step) * Cfg::kKvBytes;
+        const uint64_t v_desc = stage_desc(desc_v0, stage_of(step));
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-          wgmma_rs<kHeadDim, true>(acc_o, p_frag[kk], smem_descriptor(v_stage + kk * 16 * 128, kBlockN * 128, 1024), true);
-        }
+        for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_rs<kHeadDim, true>(acc_o, p_frag[kk], desc_v(v_desc, kk), true);
         wgmma_commit();
       };
       // The mask of a step as one bit per score of this thread, computed before the turn's products
@@ -285,12 +304,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
           for (int e = 0; e < 4; ++e) s[j][e] = (keep >> (4 * j + e)) & 1 ? s[j][e] : -INFINITY;
         }
       };
-      // Turn `step` (1 <= step < n): S_step and P V of step - 1, in FlashAttention-3's order: O takes
-      // the previous softmax's factor between the two issues (S does not read O), so that after the
-      // wait for P V only P's packing is left; with the rescale after that wait ptxas scheduled the
-      // wait into the middle of the softmax. kMasked: the step may need its mask (a partial block,
-      // or the ragged last one); the unmasked turns skip even the selects.
-      auto turn = [&](int step, float (&corr)[2], auto masked) {
+      // Turn `step` (1 <= step < n): S_step and P V of step - 1, in FlashAttention-3's order. The
+      // softmax's rescale of O is lazy (online_softmax_scores_lazy): O takes the factor once P V is
+      // in, at the end of the turn, and only when a row's max moved, in a warp-uniform branch while
+      // nothing is in flight (session 8 had the rescale between the two issues, unconditional:
+      // kHeadDim / 2 FMUL per thread and turn; right after the wait for P V ptxas had scheduled the
+      // wait into the middle of the softmax, so it now comes after P's packing). kMasked: the step
+      // may need its mask (a partial block, or the ragged last one); the unmasked turns skip even
+      // the selects.
+      auto turn = [&](int step, auto masked) {
         constexpr bool kMasked = decltype(masked)::value;
         uint64_t keep = ~uint64_t{0};
         if constexpr (kMasked) keep = keep_bits(step);
@@ -300,16 +322,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
         wait_v(step - 1);
         wgmma_fence();
         issue_s(s, step);
-        scale_rows<kHeadDim>(acc_o, corr);
-        fence_registers(acc_o);
-        wgmma_fence();
         issue_pv(step - 1);
         grant_turn();
         wgmma_wait<1>();  // S is in; P V still runs while this warpgroup does the softmax
         fence_registers(s);
         mbarrier_arrive_if(k_empty(stage_of(step)), lane == 0);  // this warp is done with K_step
         if constexpr (kMasked) apply_keep(s, keep);
-        online_softmax_scores<kBlockN>(s, row_max, row_sum, scale_log2, corr);
+        float corr[2];
+        const bool rescale = online_softmax_scores_lazy<kBlockN>(s, row_max, row_sum, scale_log2, corr);
         fence_registers(s);
         // ptxas hoists a wgmma wait to the top of its basic block (here: above the softmax, which
         // then no longer overlaps P V). A wait loop ends the block here: the one for this step's V
@@ -330,9 +350,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
         // P is packed only now: p_frag is P V's operand until the wait, and ptxas serializes every
         // wgmma if a wgmma's input register is written while a product is in flight (C7513).
         to_a_fragments<kBlockN / 16>(p_frag, s);
+        if (rescale) scale_rows<kHeadDim>(acc_o, corr);  // before P_step V_step, next turn
       };
       if (num_blocks > 0) {
-        float corr[2];  // O's factor from the last softmax, applied before the next P V
         if (consumer == 1) grant_turn();
         {  // turn 0: S_0 (nothing else in flight: the mask may branch)
           const uint64_t keep = keep_bits(0);
@@ -346,19 +366,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
           fence_registers(s);
           mbarrier_arrive_if(k_empty(stage_of(0)), lane == 0);
           apply_keep(s, keep);
-          online_softmax_scores<kBlockN>(s, row_max, row_sum, scale_log2, corr);
+          float corr[2];  // O is still 0: nothing to rescale
+          online_softmax_scores_lazy<kBlockN>(s, row_max, row_sum, scale_log2, corr);
           to_a_fragments<kBlockN / 16>(p_frag, s);
         }
         // The listed blocks come partial first; a ragged KV length masks the last block too, so then
         // every turn takes the masked path.
         const int masked_steps = kv_len % kBlockN != 0 ? num_blocks : num_partial;
         int step = 1;
-        for (; step < masked_steps; ++step) turn(step, corr, std::true_type{});
-        for (; step < num_blocks; ++step) turn(step, corr, std::false_type{});
+        for (; step < masked_steps; ++step) turn(step, std::true_type{});
+        for (; step < num_blocks; ++step) turn(step, std::false_type{});
         {  // turn n: P V of the last step
           await_turn();
           wait_v(num_blocks - 1);
-          scale_rows<kHeadDim>(acc_o, corr);
           fence_registers(acc_o);
           wgmma_fence();
           issue_pv(num_blocks - 1);
@@ -373,18 +393,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       const int next = kv_block_at(step + 1);
       const int stage = stage_of(step);
       const uint32_t parity = phase_of(step);
-      const uint32_t k_stage = s_k + stage * Cfg::kKvBytes;
-      const uint32_t v_stage = s_v + stage * Cfg::kKvBytes;
 
       float s[kBlockN / 8][4];
       mbarrier_wait(k_full(stage), parity);
       wgmma_fence();
+      // 16 columns (32 bytes) per k-slice within a 64-column half.
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        const uint32_t k_offset = (kk % 4) * 32;  // 16 columns = 32 bytes within a 64-column half
-        const uint64_t desc_q = smem_descriptor(q_rows + (kk / 4) * kBlockM * 128 + k_offset, 16, 1024);
-        const uint64_t desc_k = smem_descriptor(k_stage + (kk / 4) * kBlockN * 128 + k_offset, 16, 1024);
-        wgmma_ss<kBlockN, false>(s, desc_q, desc_k, kk > 0);
+        wgmma_ss<kBlockN, false>(s, desc_q(kk), desc_k(stage_desc(desc_k0, stage), kk), kk > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -393,18 +409,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
 
       const int kv0 = kv_block * kBlockN;
       if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
-      online_softmax<kBlockN, kHeadDim>(s, acc_o, row_max, row_sum, scale_log2);
+      online_softmax_lazy<kBlockN, kHeadDim>(s, acc_o, row_max, row_sum, scale_log2);
       uint32_t p_frag[kBlockN / 16][4];
       to_a_fragments<kBlockN / 16>(p_frag, s);
 
       mbarrier_wait(v_full(stage), parity);
       fence_registers(acc_o);
       wgmma_fence();
+      // V is [kBlockN keys x D] with D contiguous: N-major B, 64-column halves kBlockN * 128 bytes apart.
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        // V is [kBlockN keys x D] with D contiguous: N-major B, 64-column halves kBlockN * 128 bytes apart.
-        const uint64_t desc_v = smem_descriptor(v_stage + kk * 16 * 128, kBlockN * 128, 1024);
-        wgmma_rs<kHeadDim, true>(acc_o, p_frag[kk], desc_v, true);
+        wgmma_rs<kHeadDim, true>(acc_o, p_frag[kk], desc_v(stage_desc(desc_v0, stage), kk), true);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -414,7 +429,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     }
 
     // ---- epilogue ----
-    if (own_o) mbarrier_arrive_if(q_empty, lane == 0);  // every wgmma of this warp is done: Q is free
+    if (own_o) mbarrier_arrive_if(q_empty(tile), lane == 0);  // every wgmma of this warp is done: Q is free
     float inv_sum[2];
     finish_rows(p, rows, batch, my_row, row_max, row_sum, scale_log2, inv_sum);
     // The O tile of the previous item has been read by its store (own O tile), or every warp of
@@ -445,7 +460,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       tma_store_commit();
       if (!own_o) {
         tma_store_wait_read();  // the next item's Q may overwrite the staged O now
-        mbarrier_arrive(q_empty);
+        mbarrier_arrive(q_empty(tile));
       }
     }
     ring += num_blocks;
