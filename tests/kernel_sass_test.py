@@ -15,7 +15,11 @@ the build does, disassembles it and checks:
   3. the check of 2 rejects the sequential wgmma_m128_n128 forward (it must be able to fail);
   4. the atomic-dQ backward (head dims 64 and 128) spills nothing and keeps the next step's S^T in
      flight while it finishes dK and dQ (`WARPGROUP.DEPBAR.LE gsb0, 0x1` in its loop; session 9:
-     -5% causal backward time).
+     -5% causal backward time);
+  5. every wgmma forward issues the wgmma of one product with its descriptors in uniform registers:
+     no `R2UR` between two of them (session 11: built per wgmma and moved with R2UR, they were a
+     third of the dflash forward's inner loop); and the check rejects the deterministic wgmma
+     backward, which still builds its descriptors that way.
 Usage: kernel_sass_test.py NVCC SOURCE_ROOT [PYTHON]. cuobjdump comes from the CUDA toolkit or,
 where the toolkit has none (Debian's machine here), from the triton wheel torch depends on, found
 through PYTHON. Exit 77 (skipped) with the reason when neither exists.
@@ -85,6 +89,21 @@ def overlap_problems(instructions, block_n):
     return problems
 
 
+def r2ur_between_wgmma(instructions):
+    """How many R2UR sit between two HGMMA of one issue sequence (no wait, branch, barrier or
+    mbarrier operation between them): descriptors moved into uniform registers per wgmma."""
+    count, pending, inside = 0, 0, False
+    for ins in instructions:
+        if ins.startswith("HGMMA"):
+            count += pending if inside else 0
+            inside, pending = True, 0
+        elif any(op in ins for op in ("DEPBAR", "BRA", "SYNCS", "BAR.")):
+            inside, pending = False, 0
+        elif inside and ins.startswith("R2UR"):
+            pending += 1
+    return count
+
+
 def main():
     if len(sys.argv) < 3:
         print(__doc__)
@@ -147,11 +166,21 @@ def main():
     for name, instructions in sorted(atomic.items()):
         if "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in instructions:
             failures.append(f"{name}: no wait that leaves one product in flight (S^T is no longer pipelined)")
+    for name, instructions in sorted(fwd.items()):
+        moved = r2ur_between_wgmma(instructions)
+        if moved:
+            failures.append(f"{name}: {moved} R2UR between the wgmma of one product (descriptors not in uniform registers)")
+    deterministic = {n: ins for n, ins in kernels.items() if "attention_bwd_wgmma_kernel" in n}
+    if not deterministic:
+        failures.append("the deterministic wgmma backward was not found (the R2UR self-check needs it)")
+    for name, instructions in sorted(deterministic.items()):
+        if not r2ur_between_wgmma(instructions):
+            failures.append(f"the R2UR check found none in {name}, which moves its descriptors per wgmma")
     for failure in failures:
         print("FAIL:", failure)
     if not failures:
         print("OK: no wgmma serialization, no forward or atomic-backward spills, the overlapped softmax overlaps P V, "
-              "the atomic backward pipelines S^T")
+              "the atomic backward pipelines S^T, the forwards' descriptors stay in uniform registers")
     return 1 if failures else 0
 
 
