@@ -229,12 +229,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     const uint64_t desc_q0 = smem_descriptor(q_rows, 16, 1024);
     const uint64_t desc_k0 = smem_descriptor(s_k, 16, 1024);
     const uint64_t desc_v0 = smem_descriptor(s_v, kBlockN * 128, 1024);
-    auto desc_q = [&](int kk) { return smem_descriptor_advance(desc_q0, (kk / 4) * kBlockM * 128 + (kk % 4) * 32); };
-    auto desc_k = [&](uint64_t stage_desc, int kk) {
-      return smem_descriptor_advance(stage_desc, (kk / 4) * kBlockN * 128 + (kk % 4) * 32);
+    // A step's two products, issued and committed; they wait for nothing (the caller waits for the
+    // tiles first, so no wait loop sits between two in-flight products). S = Q K^T: 16 columns (32
+    // bytes) per k-slice within a 64-column half. O += P V: V is [kBlockN keys x D] with D
+    // contiguous, 16 keys per k-slice.
+    using STile = float[kBlockN / 8][4];
+    using PFragments = uint32_t[kBlockN / 16][4];
+    auto issue_s = [&](STile& s, int step) {
+      const uint64_t k_desc = smem_descriptor_advance(desc_k0, stage_of(step) * Cfg::kKvBytes);
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint32_t slice = (kk % 4) * 32;
+        wgmma_ss<kBlockN, false>(s, smem_descriptor_advance(desc_q0, (kk / 4) * kBlockM * 128 + slice),
+                                 smem_descriptor_advance(k_desc, (kk / 4) * kBlockN * 128 + slice), kk > 0);
+      }
+      wgmma_commit();
     };
-    auto desc_v = [&](uint64_t stage_desc, int kk) { return smem_descriptor_advance(stage_desc, kk * 16 * 128); };
-    auto stage_desc = [&](uint64_t desc0, int stage) { return smem_descriptor_advance(desc0, stage * Cfg::kKvBytes); };
+    auto issue_pv = [&](const PFragments& p_frag, int step) {
+      const uint64_t v_desc = smem_descriptor_advance(desc_v0, stage_of(step) * Cfg::kKvBytes);
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        wgmma_rs<kHeadDim, true>(acc_o, p_frag[kk], smem_descriptor_advance(v_desc, kk * 16 * 128), true);
+      }
+      wgmma_commit();
+    };
     mbarrier_wait(q_full(tile), q_use(tile) & 1);
     if constexpr (Cfg::kOverlap) {
       // FlashAttention-3's schedule. Step j issues S_j = Q K_j^T together with O += P_{j-1} V_{j-1}
@@ -256,26 +274,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       auto grant_turn = [&] {
         if constexpr (kTakeTurns) named_barrier_arrive(kTurn + other, 256);
       };
-      uint32_t p_frag[kBlockN / 16][4];  // P of the previous step
-      // The issue helpers wait for nothing: each turn waits for its tiles before its first wgmma, so
-      // no wait loop sits between two in-flight products.
+      PFragments p_frag;  // P of the previous step
       auto wait_k = [&](int step) { mbarrier_wait(k_full(stage_of(step)), phase_of(step)); };
       auto wait_v = [&](int step) { mbarrier_wait(v_full(stage_of(step)), phase_of(step)); };
       // S is each turn's own array (nothing of it carries over to the next turn; the SASS is the
       // same as with one array for all turns).
-      using STile = float[kBlockN / 8][4];
-      auto issue_s = [&](STile& s, int step) {
-        const uint64_t k_desc = stage_desc(desc_k0, stage_of(step));
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) wgmma_ss<kBlockN, false>(s, desc_q(kk), desc_k(k_desc, kk), kk > 0);
-        wgmma_commit();
-      };
-      auto issue_pv = [&](int step) {
-        const uint64_t v_desc = stage_desc(desc_v0, stage_of(step));
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_rs<kHeadDim, true>(acc_o, p_frag[kk], desc_v(v_desc, kk), true);
-        wgmma_commit();
-      };
       // The mask of a step as one bit per score of this thread, computed before the turn's products
       // are issued (it does not depend on S): between the two waits below the code must be free of
       // branches, or ptxas puts the wait for P V at the branch and the softmax no longer overlaps it.
@@ -322,7 +325,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
         wait_v(step - 1);
         wgmma_fence();
         issue_s(s, step);
-        issue_pv(step - 1);
+        issue_pv(p_frag, step - 1);
         grant_turn();
         wgmma_wait<1>();  // S is in; P V still runs while this warpgroup does the softmax
         fence_registers(s);
@@ -381,7 +384,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
           wait_v(num_blocks - 1);
           fence_registers(acc_o);
           wgmma_fence();
-          issue_pv(num_blocks - 1);
+          issue_pv(p_frag, num_blocks - 1);
           if (consumer == 0) grant_turn();
           wgmma_wait<0>();
           fence_registers(acc_o);
@@ -397,12 +400,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       float s[kBlockN / 8][4];
       mbarrier_wait(k_full(stage), parity);
       wgmma_fence();
-      // 16 columns (32 bytes) per k-slice within a 64-column half.
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        wgmma_ss<kBlockN, false>(s, desc_q(kk), desc_k(stage_desc(desc_k0, stage), kk), kk > 0);
-      }
-      wgmma_commit();
+      issue_s(s, step);
       wgmma_wait<0>();
       fence_registers(s);
       mbarrier_arrive_if(k_empty(stage), lane == 0);  // this warp is done with K of the stage
@@ -410,18 +408,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       const int kv0 = kv_block * kBlockN;
       if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
       online_softmax_lazy<kBlockN, kHeadDim>(s, acc_o, row_max, row_sum, scale_log2);
-      uint32_t p_frag[kBlockN / 16][4];
+      PFragments p_frag;
       to_a_fragments<kBlockN / 16>(p_frag, s);
 
       mbarrier_wait(v_full(stage), parity);
       fence_registers(acc_o);
       wgmma_fence();
-      // V is [kBlockN keys x D] with D contiguous: N-major B, 64-column halves kBlockN * 128 bytes apart.
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        wgmma_rs<kHeadDim, true>(acc_o, p_frag[kk], desc_v(stage_desc(desc_v0, stage), kk), true);
-      }
-      wgmma_commit();
+      issue_pv(p_frag, step);
       wgmma_wait<0>();
       fence_registers(acc_o);
       mbarrier_arrive_if(v_empty(stage), lane == 0);  // and with V
