@@ -210,11 +210,14 @@ TEST_CASE("fused_cuda stays exact when a row's max jumps late (sink keys visited
 // the tolerance on dq only, by 5% (err 0.154 against 0.146 allowed), with the three 64-key
 // forwards that rescale lazily (wgmma_m128_n64, wgmma_m64_n64, wgmma_m64_n64_overlap: the same
 // error to the last digit, whichever backward runs), while out, dk and dv pass and the 128-key
-// and mma.sync forwards pass. Not yet settled whether that is the lazy rescale's rounding or the
-// flash-style delta = rowsum(O dO) from bf16 O, whose cancellation against dP on sink-dominated
-// rows dq amplifies by the sinks' 6x larger K: the next run compares a build with
-// kLazyRescaleLog2 = 0 (see kernels/cuda/PERF_NOTES.md, v10).
-TEST_CASE("fused_cuda with sink keys, sliding_window, head_dim 64 (tolerance miss under study)", "[.][sinks_hd64]") {
+// and the eager mma.sync forwards pass. Not a bug but the lazy rescale's precision, reproduced on
+// the CPU by scripts/lazy_rescale_precision.py: eagerly, the tile max's probability is exactly 1
+// (exact in bf16); lazily it is 2^J for a jump J below the threshold, which bf16 rounds, so in the
+// ~4% of rows one key dominates after a late jump (2.5% with 128-key tiles) the output takes one
+// more bf16 rounding on its dominant term (out error up to 3x, about one output ulp), and dq
+// magnifies it here (the sinks' 6x larger K, and dS = P (dP - delta) cancels on those rows).
+// FlashAttention-4 makes the same trade; the threshold stays 8 (kernels/cuda/PERF_NOTES.md v10).
+TEST_CASE("fused_cuda with sink keys, sliding_window, head_dim 64 (the lazy rescale's known miss)", "[.][sinks_hd64]") {
   if (!have_gpu()) return;
   check_against_dense(make_case("sliding_window 300, sinks, head_dim 64", 1, 4, 1, 64, 40, 0,
                                 simple(MaskKind::sliding_window, 1, 300)),
