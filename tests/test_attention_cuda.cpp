@@ -491,6 +491,40 @@ TEST_CASE("fused_cuda refuses what it has no kernel for", "[cuda][attention]") {
   CHECK_THROWS_AS(fused_attention_cuda(cpu[0], cpu[1], cpu[2], mask, 0.1, false, nullptr), UnsupportedError);
 }
 
+// Host code only (no GPU needed): the dispatch trace's description of a forward comes from the
+// configuration the launcher uses (with_wgmma_fwd_config), so it changes with head_dim where the
+// configuration's shared-memory plan does.
+TEST_CASE("a forward kernel's description is its configuration's", "[attention]") {
+  namespace kc = harness::kernels::cuda;
+  kc::AttentionShape shape;
+  shape.heads = 32;
+  shape.kv_heads = 8;
+  shape.q_len = shape.kv_len = 2048;
+  for (int head_dim : {64, 128}) {
+    shape.head_dim = head_dim;
+    for (kc::FwdKernel kernel : kc::fwd_kernels()) {
+      const std::string text = kc::describe_fwd_config(shape, kernel);
+      INFO(text);
+      CHECK(text.rfind(std::string("fwd ") + kc::fwd_kernel_name(kernel) + ":", 0) == 0);
+      CHECK(text.find("EXPERIMENTAL") == std::string::npos);
+    }
+  }
+  shape.head_dim = 128;
+  const std::string pingpong = kc::describe_fwd_config(shape, kc::FwdKernel::wgmma_m128_n128_pingpong);
+  CHECK(pingpong.find("2 wgmma consumer warpgroups in ping-pong") != std::string::npos);
+  CHECK(pingpong.find("K/V ring x3") != std::string::npos);
+  CHECK(pingpong.find("persistent") == std::string::npos);  // no room for an O tile at D = 128
+  shape.head_dim = 64;
+  CHECK(kc::describe_fwd_config(shape, kc::FwdKernel::wgmma_m128_n128_pingpong).find("O tile of its own, persistent CTAs") !=
+        std::string::npos);
+  const std::string overlap = kc::describe_fwd_config(shape, kc::FwdKernel::wgmma_m64_n64_overlap);
+  CHECK(overlap.find("1 wgmma consumer warpgroup, P V issued with the next S") != std::string::npos);
+  CHECK(overlap.find("2 CTAs/SM") != std::string::npos);
+  for (kc::FwdKernel kernel : kc::kExperimentalFwdKernels) {
+    CHECK(kc::describe_fwd_config(shape, kernel).find("(EXPERIMENTAL)") != std::string::npos);
+  }
+}
+
 #else  // built without the CUDA kernels
 
 TEST_CASE("without CUDA kernels, fused attention on CUDA tensors is unsupported", "[cuda][attention]") {

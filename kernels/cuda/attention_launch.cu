@@ -277,6 +277,48 @@ void launch_fwd_wgmma(const FwdParams& params, const TileShape& tile, const Work
                 own_o);
 }
 
+//! A wgmma forward kernel and its configuration; the tiling table the host sizes BlockMasks and
+//! scratch with (fwd_kernel_tiling, attention_config.h) must agree with the configuration.
+template <FwdKernel kKernel, class Cfg>
+struct WgmmaFwd {
+  using Config = Cfg;
+  static_assert(fwd_kernel_tiling(kKernel).rows == Cfg::kBlockM && fwd_kernel_tiling(kKernel).block_n == Cfg::kBlockN,
+                "the tiling table matches the kernel's configuration");
+};
+
+//! Calls f(WgmmaFwd<kernel, its FwdWgmmaConfig>{}) for a wgmma forward kernel and returns true;
+//! false for any other (the mma.sync forward). The one place a kernel's configuration is named:
+//! launch_fwd launches it, describe_fwd_config describes it.
+template <int kHeadDim, typename F>
+bool with_wgmma_fwd_config(FwdKernel kernel, F&& f) {
+  switch (kernel) {
+    case FwdKernel::wgmma_m128_n128:
+      f(WgmmaFwd<FwdKernel::wgmma_m128_n128, FwdWgmmaConfig<kHeadDim, 128, 2, 2, 1>>{});
+      return true;
+    case FwdKernel::wgmma_m128_n64:
+      f(WgmmaFwd<FwdKernel::wgmma_m128_n64, FwdWgmmaConfig<kHeadDim, 64, 2, 3, 1>>{});
+      return true;
+    case FwdKernel::wgmma_m64_n64:
+      f(WgmmaFwd<FwdKernel::wgmma_m64_n64, FwdWgmmaConfig<kHeadDim, 64, 1, 2, 2>>{});
+      return true;
+    case FwdKernel::wgmma_m128_n128_pingpong:
+      f(WgmmaFwd<FwdKernel::wgmma_m128_n128_pingpong, FwdWgmmaConfig<kHeadDim, 128, 2, 3, 1, true>>{});
+      return true;
+    case FwdKernel::wgmma_m64_n64_overlap:
+      f(WgmmaFwd<FwdKernel::wgmma_m64_n64_overlap, FwdWgmmaConfig<kHeadDim, 64, 1, 2, 2, true>>{});
+      return true;
+    case FwdKernel::wgmma_m128_n128_pingpong_persistent:
+      f(WgmmaFwd<FwdKernel::wgmma_m128_n128_pingpong_persistent, FwdWgmmaConfig<kHeadDim, 128, 2, 2, 1, true>>{});
+      return true;
+    case FwdKernel::wgmma_m128_n64_pingpong:
+      f(WgmmaFwd<FwdKernel::wgmma_m128_n64_pingpong, FwdWgmmaConfig<kHeadDim, 64, 2, 3, 1, true>>{});
+      return true;
+    case FwdKernel::mma_m128_n64:
+      return false;
+  }
+  return false;
+}
+
 template <int kHeadDim>
 void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   const TileShape tile = fwd_tile_shape(params.shape, params.kernel);
@@ -290,24 +332,13 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   const device::WorkClass q_blocks{params.blocks.num_q_blocks, params.blocks.kv_num_blocks, params.blocks.full_kv_num_blocks,
                                    1, 1, static_cast<int32_t>(ctas / params.blocks.num_q_blocks)};
   if (!(params.schedule.items && params.schedule.written)) launch_schedule(device::WorkClass{}, q_blocks, schedule, stream);
-  switch (params.kernel) {
-    case FwdKernel::mma_m128_n64: return launch_fwd_mma<FwdConfig<kHeadDim>>(params, schedule, ctas, stream);
-    case FwdKernel::wgmma_m128_n128:
-      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 128, 2, 2, 1>>(params, tile, schedule, ctas, stream);
-    case FwdKernel::wgmma_m128_n64:
-      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 64, 2, 3, 1>>(params, tile, schedule, ctas, stream);
-    case FwdKernel::wgmma_m64_n64:
-      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 64, 1, 2, 2>>(params, tile, schedule, ctas, stream);
-    case FwdKernel::wgmma_m128_n128_pingpong:
-      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 128, 2, 3, 1, true>>(params, tile, schedule, ctas, stream);
-    case FwdKernel::wgmma_m64_n64_overlap:
-      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 64, 1, 2, 2, true>>(params, tile, schedule, ctas, stream);
-    case FwdKernel::wgmma_m128_n128_pingpong_persistent:
-      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 128, 2, 2, 1, true>>(params, tile, schedule, ctas, stream);
-    case FwdKernel::wgmma_m128_n64_pingpong:
-      return launch_fwd_wgmma<FwdWgmmaConfig<kHeadDim, 64, 2, 3, 1, true>>(params, tile, schedule, ctas, stream);
+  if (params.kernel == FwdKernel::mma_m128_n64) return launch_fwd_mma<FwdConfig<kHeadDim>>(params, schedule, ctas, stream);
+  const bool launched = with_wgmma_fwd_config<kHeadDim>(params.kernel, [&](auto wgmma) {
+    launch_fwd_wgmma<typename decltype(wgmma)::Config>(params, tile, schedule, ctas, stream);
+  });
+  if (!launched) {
+    throw UnsupportedConfig("fused_cuda attention: unknown forward kernel " + std::to_string(static_cast<int>(params.kernel)));
   }
-  throw UnsupportedConfig("fused_cuda attention: unknown forward kernel " + std::to_string(static_cast<int>(params.kernel)));
 }
 
 //! The atomic-dQ backward after the prep kernel: zero the fp32 dQ accumulator, rank the dK/dV
@@ -472,31 +503,34 @@ TileShape bwd_dkdv_tile_shape(const AttentionShape& shape) {
   return tile_shape(tiling::bwd_dkdv_tile(shape.heads, shape.kv_heads));
 }
 
-std::string describe_fwd_config(const AttentionShape& shape, FwdKernel kernel) {
-  const std::string tile = describe_tile((std::string("fwd ") + fwd_kernel_name(kernel) + ":").c_str(), fwd_tile_shape(shape, kernel));
-  switch (kernel) {
-    case FwdKernel::mma_m128_n64:
-      return tile + " warps=" + std::to_string(FwdConfig<128>::kWarps) + " mma.sync.m16n8k16.bf16 cp.async x2, longest first";
-    case FwdKernel::wgmma_m128_n128:
-      return tile + " TMA producer + 2 wgmma consumer warpgroups, K/V ring x2, persistent CTAs, longest first";
-    case FwdKernel::wgmma_m128_n64:
-      return tile + " TMA producer + 2 wgmma consumer warpgroups, K/V ring x3, persistent CTAs, longest first";
-    case FwdKernel::wgmma_m64_n64:
-      return tile + " TMA producer + 1 wgmma consumer warpgroup, K/V ring x2, 2 CTAs/SM, persistent CTAs, longest first";
-    case FwdKernel::wgmma_m128_n128_pingpong:
-      return tile + " TMA producer + 2 wgmma consumer warpgroups in ping-pong, P V issued with the next S, K/V ring x3, "
-                    "longest first";
-    case FwdKernel::wgmma_m64_n64_overlap:
-      return tile + " TMA producer + 1 wgmma consumer warpgroup, P V issued with the next S, K and V released apart, "
-                    "K/V ring x2, 2 CTAs/SM, persistent CTAs, longest first";
-    case FwdKernel::wgmma_m128_n128_pingpong_persistent:
-      return tile + " TMA producer + 2 wgmma consumer warpgroups in ping-pong, P V issued with the next S, K/V ring x2, "
-                    "O tile of its own, persistent CTAs, longest first (EXPERIMENTAL)";
-    case FwdKernel::wgmma_m128_n64_pingpong:
-      return tile + " TMA producer + 2 wgmma consumer warpgroups in ping-pong, P V issued with the next S, K/V ring x3, "
-                    "O tile of its own, persistent CTAs, longest first (EXPERIMENTAL)";
+//! What a wgmma forward configuration does, from its constants.
+template <class Cfg>
+std::string describe_wgmma_fwd() {
+  std::string text = " TMA producer + " + std::to_string(Cfg::kConsumers) + " wgmma consumer warpgroup" +
+                     (Cfg::kConsumers > 1 ? "s" : "");
+  if (Cfg::kOverlap) {
+    text += std::string(Cfg::kConsumers > 1 ? " in ping-pong" : "") + ", P V issued with the next S, K and V released apart";
   }
-  return tile;
+  text += ", K/V ring x" + std::to_string(Cfg::kStages);
+  if (Cfg::kMinBlocksPerSm > 1) text += ", " + std::to_string(Cfg::kMinBlocksPerSm) + " CTAs/SM";
+  if (Cfg::kPersistent) text += std::string(Cfg::kOwnO ? ", O tile of its own" : "") + ", persistent CTAs";
+  return text + ", longest first";
+}
+
+std::string describe_fwd_config(const AttentionShape& shape, FwdKernel kernel) {
+  std::string text = describe_tile((std::string("fwd ") + fwd_kernel_name(kernel) + ":").c_str(), fwd_tile_shape(shape, kernel));
+  if (kernel == FwdKernel::mma_m128_n64) {
+    return text + " warps=" + std::to_string(FwdConfig<128>::kWarps) + " mma.sync.m16n8k16.bf16 cp.async x2, longest first";
+  }
+  auto describe = [&](auto wgmma) { text += describe_wgmma_fwd<typename decltype(wgmma)::Config>(); };
+  if (shape.head_dim == 64) {
+    with_wgmma_fwd_config<64>(kernel, describe);
+  } else {
+    with_wgmma_fwd_config<128>(kernel, describe);
+  }
+  const bool experimental = std::find(kExperimentalFwdKernels.begin(), kExperimentalFwdKernels.end(), kernel) !=
+                            kExperimentalFwdKernels.end();
+  return experimental ? text + " (EXPERIMENTAL)" : text;
 }
 
 std::string describe_bwd_config(const AttentionShape& shape, BwdKernel kernel) {
