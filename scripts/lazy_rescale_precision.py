@@ -51,10 +51,9 @@ def simulate(seed, threshold, tile=64, q_len=640, head_dim=64, heads=4, window=3
     lse = torch.zeros(heads, q_len, dtype=torch.float64)
     for q0 in range(0, q_len, 64):
         rows = slice(q0, q0 + 64)
-        partial, full = [], []
-        for kb in range(q_len // tile):
-            seen = visible[rows, kb * tile:(kb + 1) * tile]
-            (full if seen.all() else partial if seen.any() else []).append(kb)
+        seen = visible[rows].view(64, q_len // tile, tile)
+        partial = [kb for kb in range(q_len // tile) if seen[:, kb].any() and not seen[:, kb].all()]
+        full = [kb for kb in range(q_len // tile) if seen[:, kb].all()]
         ref = torch.full((heads, 64), -math.inf, dtype=torch.float64)
         row_sum = torch.zeros(heads, 64, dtype=torch.float64)
         acc = torch.zeros(heads, 64, head_dim, dtype=torch.float64)
