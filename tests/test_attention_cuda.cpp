@@ -125,9 +125,10 @@ struct Sinks {
 };
 
 // Fused vs dense (bf16) vs dense on fp32 inputs, for out and the three gradients, for each of
-// `choices` (by default every kernel).
+// `choices` (by default every kernel), each called `calls` times on the same MaskContext (the
+// calls after the first reuse the schedules kept with it).
 void check_against_dense(const Case& c, uint64_t seed, const std::vector<CudaKernelChoice>& choices = every_kernel(),
-                         Sinks sinks = {}) {
+                         Sinks sinks = {}, int calls = 1) {
   INFO("case: " << c.name);
   at::manual_seed(seed);
   const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
@@ -147,22 +148,25 @@ void check_against_dense(const Case& c, uint64_t seed, const std::vector<CudaKer
   const Grads dense = run_step(q, k, v, dout, [&](auto& a, auto& b, auto& d) {
     return dense_attention(a, b, d, dense_mask, scale);
   });
-  for (const CudaKernelChoice& choice : choices) {
-    INFO("kernels: fwd " << (choice.fwd.empty() ? "(tuned)" : choice.fwd) << ", bwd " << (choice.bwd.empty() ? "(tuned)" : choice.bwd));
-    DispatchTrace trace;
-    const Grads fused = run_step(q, k, v, dout, [&](auto& a, auto& b, auto& d) {
-      return fused_attention_cuda(a, b, d, mask, scale, /*deterministic=*/false, &trace, choice);
-    });
-    check_close("out", fused.out, dense.out, oracle.out);
-    check_close("dq", fused.dq, dense.dq, oracle.dq);
-    check_close("dk", fused.dk, dense.dk, oracle.dk);
-    check_close("dv", fused.dv, dense.dv, oracle.dv);
-    CHECK(fused.out.scalar_type() == at::kBFloat16);
-    CHECK(fused.dq.scalar_type() == at::kBFloat16);
-    const auto records = trace.records();
-    REQUIRE(records.size() == 2);
-    if (!choice.fwd.empty()) CHECK(records[0].config.rfind("fwd " + choice.fwd + ":", 0) == 0);
-    if (!choice.bwd.empty()) CHECK(records[1].config.rfind("bwd " + choice.bwd + ":", 0) == 0);
+  for (int call = 0; call < calls; ++call) {
+    for (const CudaKernelChoice& choice : choices) {
+      INFO("kernels: fwd " << (choice.fwd.empty() ? "(tuned)" : choice.fwd) << ", bwd " << (choice.bwd.empty() ? "(tuned)" : choice.bwd)
+                           << ", call " << call + 1 << " of " << calls);
+      DispatchTrace trace;
+      const Grads fused = run_step(q, k, v, dout, [&](auto& a, auto& b, auto& d) {
+        return fused_attention_cuda(a, b, d, mask, scale, /*deterministic=*/false, &trace, choice);
+      });
+      check_close("out", fused.out, dense.out, oracle.out);
+      check_close("dq", fused.dq, dense.dq, oracle.dq);
+      check_close("dk", fused.dk, dense.dk, oracle.dk);
+      check_close("dv", fused.dv, dense.dv, oracle.dv);
+      CHECK(fused.out.scalar_type() == at::kBFloat16);
+      CHECK(fused.dq.scalar_type() == at::kBFloat16);
+      const auto records = trace.records();
+      REQUIRE(records.size() == 2);
+      if (!choice.fwd.empty()) CHECK(records[0].config.rfind("fwd " + choice.fwd + ":", 0) == 0);
+      if (!choice.bwd.empty()) CHECK(records[1].config.rfind("bwd " + choice.bwd + ":", 0) == 0);
+    }
   }
 }
 
@@ -218,6 +222,24 @@ TEST_CASE("fused_cuda matches the dense reference when a row's max jumps late (s
 // ulp; 2.5% with 128-key tiles), and dq magnifies it here (the sinks' 6x larger K, and
 // dS = P (dP - delta) cancels on those rows). FlashAttention-4 makes the same trade; the
 // threshold stays 8 (kernels/cuda/PERF_NOTES.md v10).
+TEST_CASE("fused_cuda called again on the same mask matches the dense reference", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  // The calls after the first reuse the schedules kept with the mask, and with them: the
+  // persistent forwards' work item counter, which the kernel resets instead of a memset (a counter
+  // left dirty would make the next call skip work items: rows of garbage), and the backward kernels
+  // launched to overlap the prep kernel (programmatic dependent launch; reading the row statistics
+  // or adding to the accumulator before the prep kernel is done would show as wrong gradients).
+  // 512 forward work items of 128 rows (64 q blocks x 4 packs of 8 heads x 2 batches), more than
+  // one per SM slot, so the persistent CTAs draw from the counter.
+  const Case c = make_case("dflash 2x32 heads", 2, 32, 8, 128, 64, 2048, dflash(2));
+  check_against_dense(c, 11,
+                      {{"wgmma_m128_n64", "wgmma_atomic"},
+                       {"wgmma_m128_n128", "wgmma"},
+                       {"wgmma_m64_n64", "wgmma_atomic"},
+                       {"wgmma_m128_n128_pingpong", "mma"}},
+                      {}, /*calls=*/3);
+}
+
 TEST_CASE("fused_cuda with sink keys, sliding_window, head_dim 64 (the lazy rescale's known miss)", "[.][sinks_hd64]") {
   if (!have_gpu()) return;
   check_against_dense(make_case("sliding_window 300, sinks, head_dim 64", 1, 4, 1, 64, 40, 0,

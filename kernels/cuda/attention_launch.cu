@@ -117,6 +117,43 @@ void launch_kernel(void (*kernel)(KernelParams...), const char* name, int64_t ct
   check_cuda(cudaGetLastError(), (std::string("launch of ") + name).c_str(), __func__, __FILE__, __LINE__);
 }
 
+//! Whether launch_kernel_after launches programmatically: yes unless HARNESS_CUDA_PDL=0 (read once),
+//! which makes every launch a plain one (to measure what the overlap saves, or to rule it out).
+bool programmatic_launches() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("HARNESS_CUDA_PDL");
+    return !(value && std::string(value) == "0");
+  }();
+  return enabled;
+}
+
+//! launch_kernel for a kernel that may start before the kernel ahead of it in the stream has
+//! finished (programmatic dependent launch), when `overlap` is true (and HARNESS_CUDA_PDL is not
+//! 0): its CTAs are scheduled once every CTA of the kernel ahead has called
+//! allow_dependent_launch() or exited, and wait for it with grid_dependency_wait()
+//! (device_utils.cuh) before they read its results. What it hides: the launch latency, the kernel's
+//! prologue, and the tail of the kernel ahead. The kernel must call grid_dependency_wait() in every
+//! thread that reads what the kernel ahead wrote, and in at least one thread of every CTA (so that
+//! it never completes before the kernel ahead).
+template <typename... KernelParams, typename... Args>
+void launch_kernel_after(bool overlap, void (*kernel)(KernelParams...), const char* name, int64_t ctas, int threads,
+                         int smem_bytes, cudaStream_t stream, const Args&... args) {
+  if (!overlap || !programmatic_launches()) return launch_kernel(kernel, name, ctas, threads, smem_bytes, stream, args...);
+  set_smem_limit(kernel, smem_bytes);
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(ctas));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&config, kernel, args...), (std::string("launch of ") + name).c_str(), __func__, __FILE__,
+             __LINE__);
+}
+
 // ---- Scratch layout (tiling.h) -------------------------------------------------------------------
 
 static_assert(sizeof(WorkItem) == tiling::kWorkItemBytes, "tiling.h sizes the schedule in WorkItems");
@@ -243,6 +280,14 @@ void launch_fwd_mma(const FwdParams& params, const WorkItem* schedule, int64_t c
                 params, schedule);
 }
 
+//! The persistent forwards' work item counter: after the schedule (tiling::fwd_scratch_bytes), in
+//! the kept schedule's buffer if there is one, else in the scratch.
+int* fwd_item_counter(const FwdParams& params, int64_t ctas) {
+  auto* base = params.schedule.items ? reinterpret_cast<unsigned char*>(params.schedule.items)
+                                     : static_cast<unsigned char*>(params.scratch);
+  return reinterpret_cast<int*>(base + tiling::align_scratch(ctas * tiling::kWorkItemBytes));
+}
+
 template <class Cfg>
 void launch_fwd_wgmma(const FwdParams& params, const TileShape& tile, const WorkItem* schedule, int64_t ctas,
                       cudaStream_t stream) {
@@ -258,23 +303,27 @@ void launch_fwd_wgmma(const FwdParams& params, const TileShape& tile, const Work
   maps.k = kv_side_map(params.k, s, Cfg::kBlockN, "k");
   maps.v = kv_side_map(params.v, s, Cfg::kBlockN, "v");
   maps.o = consumer_rows_map(params.o, s, tile, "o");
-  // Persistent: as many CTAs as fit at once, each taking the next work item from a counter (in
-  // the scratch after the schedule, zeroed here) when done with one.
+  // Persistent: as many CTAs as fit at once, each taking the next work item from a counter after
+  // the schedule when done with one. The kernel leaves the counter at 0, so one kept with the
+  // schedule (zeroed by launch_fwd when it built the schedule) needs no memset launch; one in the
+  // scratch is zeroed here.
   const int64_t grid = fwd_grid(ctas, Cfg::kMinBlocksPerSm, Cfg::kPersistent, params.max_ctas);
   int* counter = nullptr;
   if (grid < ctas) {
-    counter = reinterpret_cast<int*>(static_cast<unsigned char*>(params.scratch) +
-                                     tiling::align_scratch(ctas * tiling::kWorkItemBytes));
-    HARNESS_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream));
+    counter = fwd_item_counter(params, ctas);
+    if (params.schedule.items == nullptr) HARNESS_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream));
   }
   // O in its own tile and Q in two buffers only for persistent CTAs (a CTA with one item has no
   // next Q to load early).
   // H200, session 10, persistent, dflash 512 anchors: wgmma_m128_n64 0.385 -> 0.374 ms with the O tile
   // (the second Q buffer, session 11: no change measured).
   const bool own_o = Cfg::kOwnO && counter != nullptr;
-  launch_kernel(device::attention_fwd_wgmma_kernel<Cfg>, "attention_fwd_wgmma_kernel", grid, Cfg::kThreads,
-                Cfg::kSmemBytes + (own_o ? 2 * Cfg::kQBytes : 0), stream, params, maps, schedule, static_cast<int>(ctas), counter,
-                own_o);
+  // Overlaps the kernel ahead (programmatic launch; the kernel waits for it before it reads or
+  // writes global memory) unless that is the schedule's kernel or the counter's memset.
+  const bool schedule_built = params.schedule.items && params.schedule.written;
+  launch_kernel_after(schedule_built, device::attention_fwd_wgmma_kernel<Cfg>, "attention_fwd_wgmma_kernel", grid,
+                      Cfg::kThreads, Cfg::kSmemBytes + (own_o ? 2 * Cfg::kQBytes : 0), stream, params, maps, schedule,
+                      static_cast<int>(ctas), counter, own_o);
 }
 
 //! A wgmma forward kernel and its configuration; the tiling table the host sizes BlockMasks and
@@ -331,7 +380,11 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   // Cost of a q block: its kv blocks plus about one block's worth of Q load and epilogue.
   const device::WorkClass q_blocks{params.blocks.num_q_blocks, params.blocks.kv_num_blocks, params.blocks.full_kv_num_blocks,
                                    1, 1, static_cast<int32_t>(ctas / params.blocks.num_q_blocks)};
-  if (!(params.schedule.items && params.schedule.written)) launch_schedule(device::WorkClass{}, q_blocks, schedule, stream);
+  if (!(params.schedule.items && params.schedule.written)) {
+    launch_schedule(device::WorkClass{}, q_blocks, schedule, stream);
+    // A kept schedule's counter: zeroed once, here; the persistent kernels leave it at 0.
+    if (params.schedule.items) HARNESS_CUDA_CHECK(cudaMemsetAsync(fwd_item_counter(params, ctas), 0, sizeof(int), stream));
+  }
   if (params.kernel == FwdKernel::mma_m128_n64) return launch_fwd_mma<FwdConfig<kHeadDim>>(params, schedule, ctas, stream);
   const bool launched = with_wgmma_fwd_config<kHeadDim>(params.kernel, [&](auto wgmma) {
     launch_fwd_wgmma<typename decltype(wgmma)::Config>(params, tile, schedule, ctas, stream);
@@ -349,14 +402,17 @@ void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, cons
   constexpr int kHeadDim = Cfg::kHeadDim;
   using ConvertCfg = BwdDqConvertConfig<kHeadDim>;
   const AttentionShape& s = params.shape;
-  HARNESS_CUDA_CHECK(cudaMemsetAsync(scratch.dq_accum, 0, static_cast<size_t>(layout.dq_accum_bytes), stream));
-  // An empty dK/dV block list contributes no CTA (the self-test times the parts apart this way).
+  // The prep kernel has zeroed the fp32 accumulator. An empty dK/dV block list contributes no CTA
+  // (the self-test times the parts apart this way).
   if (layout.dkdv_ctas > 0) {
     // Cost of a kv block in units of one 64x128x128 GEMM: 5 per step, times the head packs.
     const int packs = (s.heads / s.kv_heads) / dkdv_tile.heads_packed;
     const device::WorkClass items{params.dkdv_blocks.num_kv_blocks, params.dkdv_blocks.q_num_blocks,
                                   params.dkdv_blocks.full_q_num_blocks, 5 * packs, 4, s.kv_heads * s.batch};
-    if (!(params.schedule.items && params.schedule.written)) launch_schedule(items, device::WorkClass{}, scratch.schedule, stream);
+    // The main kernel reads its schedule before it waits for the kernel ahead, so it overlaps that
+    // kernel only when the kernel ahead is the prep kernel, not the schedule's.
+    const bool schedule_built = params.schedule.items && params.schedule.written;
+    if (!schedule_built) launch_schedule(items, device::WorkClass{}, scratch.schedule, stream);
     device::BwdTensorMaps maps;
     maps.q_dkdv = q_side_map(params.q, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "q");
     maps.dout_dkdv = q_side_map(params.dout, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "dout");
@@ -364,13 +420,13 @@ void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, cons
     maps.v_dkdv = kv_side_map(params.v, s, Cfg::kKeys, "v");
     maps.dk = kv_side_map(params.dk, s, 64, "dk");  // one consumer's 64 keys
     maps.dv = kv_side_map(params.dv, s, 64, "dv");
-    launch_kernel(device::attention_bwd_atomic_kernel<Cfg>, "attention_bwd_atomic_kernel", layout.dkdv_ctas, Cfg::kThreads,
-                  Cfg::kSmemBytes, stream, params, maps, scratch);
+    launch_kernel_after(schedule_built, device::attention_bwd_atomic_kernel<Cfg>, "attention_bwd_atomic_kernel",
+                        layout.dkdv_ctas, Cfg::kThreads, Cfg::kSmemBytes, stream, params, maps, scratch);
   }
   const int64_t rows = static_cast<int64_t>(s.batch) * s.heads * s.q_len;
-  const auto ctas = static_cast<unsigned>((rows + ConvertCfg::kRowsPerCta - 1) / ConvertCfg::kRowsPerCta);
-  device::attention_bwd_dq_convert_kernel<ConvertCfg><<<ctas, ConvertCfg::kThreads, 0, stream>>>(params, scratch);
-  HARNESS_CUDA_LAUNCH_CHECK("attention_bwd_dq_convert_kernel");
+  const int64_t ctas = (rows + ConvertCfg::kRowsPerCta - 1) / ConvertCfg::kRowsPerCta;
+  launch_kernel_after(true, device::attention_bwd_dq_convert_kernel<ConvertCfg>, "attention_bwd_dq_convert_kernel", ctas,
+                      ConvertCfg::kThreads, 0, stream, params, scratch);
 }
 
 template <int kHeadDim>
@@ -394,9 +450,9 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   scratch.dq_accum = layout.dq_accum_bytes ? reinterpret_cast<float*>(base + layout.dq_accum) : nullptr;
 
   const int64_t rows = static_cast<int64_t>(params.shape.batch) * params.shape.heads * scratch.q_pad;
-  const auto prep_ctas = static_cast<unsigned>((rows + PrepCfg::kRowsPerCta - 1) / PrepCfg::kRowsPerCta);
-  device::attention_bwd_prep_kernel<PrepCfg><<<prep_ctas, PrepCfg::kThreads, 0, stream>>>(params, scratch);
-  HARNESS_CUDA_LAUNCH_CHECK("attention_bwd_prep_kernel");
+  const int64_t prep_ctas = (rows + PrepCfg::kRowsPerCta - 1) / PrepCfg::kRowsPerCta;
+  launch_kernel_after(true, device::attention_bwd_prep_kernel<PrepCfg>, "attention_bwd_prep_kernel", prep_ctas,
+                      PrepCfg::kThreads, 0, stream, params, scratch);
 
   if (params.kernel == BwdKernel::wgmma_atomic) {
     return launch_bwd_atomic<BwdWgmmaAtomicConfig<kHeadDim, 2>>(params, dkdv_tile, layout, scratch, stream);
@@ -413,7 +469,8 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   const device::WorkClass dq_items{params.dq_blocks.num_q_blocks, params.dq_blocks.kv_num_blocks,
                                    params.dq_blocks.full_kv_num_blocks, 3, 3,
                                    (params.shape.heads / dq_tile.heads_packed) * params.shape.batch};
-  if (!(params.schedule.items && params.schedule.written)) launch_schedule(dkdv_items, dq_items, scratch.schedule, stream);
+  const bool schedule_built = params.schedule.items && params.schedule.written;
+  if (!schedule_built) launch_schedule(dkdv_items, dq_items, scratch.schedule, stream);
 
   if (params.kernel == BwdKernel::mma) {
     return launch_kernel(device::attention_bwd_kernel<DkdvCfg, DqCfg>, "attention_bwd_kernel", ctas, DkdvCfg::kThreads,
@@ -433,8 +490,9 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   maps.k_dq = kv_side_map(params.k, s, Cfg::kDqBlockN, "k");
   maps.v_dq = kv_side_map(params.v, s, Cfg::kDqBlockN, "v");
   maps.dq = consumer_rows_map(params.dq, s, dq_tile, "dq");
-  launch_kernel(device::attention_bwd_wgmma_kernel<Cfg>, "attention_bwd_wgmma_kernel", ctas, Cfg::kThreads, Cfg::kSmemBytes,
-                stream, params, maps, scratch);
+  // Overlaps the prep kernel when that is the kernel ahead (it reads its schedule before it waits).
+  launch_kernel_after(schedule_built, device::attention_bwd_wgmma_kernel<Cfg>, "attention_bwd_wgmma_kernel", ctas,
+                      Cfg::kThreads, Cfg::kSmemBytes, stream, params, maps, scratch);
 }
 
 std::string describe_tile(const char* name, const TileShape& tile) {

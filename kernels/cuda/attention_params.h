@@ -109,7 +109,8 @@ struct FwdParams {
   BlockListParams blocks;  //!< at fwd_tile_shape(shape, kernel)'s (block_m, block_n)
   void* scratch = nullptr;  //!< device scratch of fwd_scratch_bytes(...) bytes (the schedule)
   size_t scratch_bytes = 0;
-  ScheduleCache schedule;   //!< optional: the schedule kept between calls (then the scratch is unused)
+  ScheduleCache schedule;   //!< optional: the schedule kept between calls, and after it the persistent
+                            //!< kernels' item counter (then the scratch is unused)
   //! CTAs of a wgmma forward: 0 = the kernel's default (FwdWgmmaConfig::kPersistent: persistent
   //! CTAs, one per SM slot, or one CTA per work item), -1 = one CTA per work item, N > 0 = at most
   //! N persistent CTAs. HARNESS_CUDA_FWD_PERSISTENT overrides the default (see attention_launch.cu).
@@ -180,7 +181,8 @@ size_t fwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& blo
 //! wgmma_atomic also needs its fp32 dQ accumulator there: 4 * B * H * q_pad * D bytes.
 size_t bwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks,
                          const BlockListParams& dkdv_blocks, BwdKernel kernel);
-//! Room for a kept ScheduleCache of the forward / backward (a few KB: 8 bytes per CTA). The
+//! Room for a kept ScheduleCache of the forward / backward (a few KB: 8 bytes per CTA; the
+//! forward's also holds the persistent kernels' work item counter, which they leave at 0). The
 //! backward's holds the merged dK/dV + dQ schedule of wgmma and mma, or wgmma_atomic's dK/dV one.
 size_t fwd_schedule_bytes(const AttentionShape& shape, const BlockListParams& blocks, FwdKernel kernel);
 size_t bwd_schedule_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks,

@@ -1072,7 +1072,7 @@ int main(int argc, char** argv) {
         say("| %s | %s | %.3f | %.0f |\n", r.name.c_str(), fwd_kernel_name(kernel), r.t.fwd_ms[i], r.fwd_tflops[i]);
       }
     }
-    say("\n(wgmma_atomic: prep = prep + accumulator memset + dQ convert, +dkdv = its one main kernel, +dq ~ 0)\n");
+    say("\n(wgmma_atomic: prep = prep (which zeroes the accumulator) + dQ convert, +dkdv = its one main kernel, +dq ~ 0)\n");
     say("| case | backward kernel | bwd ms | bwd: prep / +dkdv / +dq ms | bwd TFLOP/s |\n|---|---|---|---|---|\n");
     for (const Row& r : table) {
       for (size_t i = 0; i < r.t.bwd.size(); ++i) {

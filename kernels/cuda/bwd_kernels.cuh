@@ -2,6 +2,8 @@
 // Backward kernels (device code only). Three launches, no atomics:
 //   prep:     per query row (b, h, q) of a padded length q_pad: (lse * log2e, delta = rowsum(dO * O)),
 //             and per query position its mask predicate (QueryMaskRow); padded rows see nothing.
+//             For the atomic backward (bwd_wgmma_atomic_kernel.cuh) it also zeroes the row's fp32
+//             dQ accumulator.
 //   schedule: schedule_kernel.cuh ranks the dK/dV and dQ work items longest first.
 //   main:     one launch whose CTAs are either
 //     dK/dV:  one kv block of one kv head; K and V stay resident while the CTA loops over every
@@ -51,6 +53,20 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int head = static_cast<int>((row / scratch.q_pad) % p.shape.heads);
   const int batch = static_cast<int>(row / (static_cast<int64_t>(scratch.q_pad) * p.shape.heads));
   const bool real = row < rows_total && q < p.shape.q_len;
+  // Launched programmatically (attention_launch.cu): the kernel ahead, whatever it is, may have
+  // written dO or still read the memory this kernel writes, so wait for it first. Then the main
+  // kernel, launched programmatically too, may start its prologue (it waits for this grid before
+  // it reads anything written here; what it reads before, K, V and a kept schedule, no kernel
+  // ahead of this one writes).
+  grid_dependency_wait();
+  allow_dependent_launch();
+  if (scratch.dq_accum != nullptr && row < rows_total) {
+    // wgmma_atomic: zero this row's chunk of the fp32 dQ accumulator (same rows, kHeadDim floats
+    // each), in place of a memset launch; the stores need nothing loaded, so they go out first.
+    float4* accum = reinterpret_cast<float4*>(scratch.dq_accum + row * Cfg::kHeadDim + chunk * 8);
+    accum[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+    accum[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   float sum = 0.f;
   if (real) {
     const uint4 o = *reinterpret_cast<const uint4*>(row_pointer(p.o, batch, head, q) + chunk * 8);

@@ -1,6 +1,7 @@
 #pragma once
 // Device helpers of the fused attention kernels: the sm_80+ PTX they are built on (cp.async,
-// ldmatrix, mma.sync m16n8k16 bf16 -> fp32, ex2.approx) and the swizzled shared-memory tile layout.
+// ldmatrix, mma.sync m16n8k16 bf16 -> fp32, ex2.approx), the swizzled shared-memory tile layout, and
+// sm_90's grid dependency control (programmatic dependent launch).
 
 #include <cuda_bf16.h>
 
@@ -19,6 +20,25 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+//! Programmatic dependent launch (PTX griddepcontrol, sm_90): a kernel launched with
+//! cudaLaunchAttributeProgrammaticStreamSerialization (launch_kernel_after, attention_launch.cu)
+//! may start while the kernel ahead of it in the stream still runs. grid_dependency_wait() holds the
+//! calling thread until that kernel has completed and its writes are visible, so every thread that
+//! reads what it wrote (or must not finish before it) calls this first; in a kernel launched the
+//! plain way it returns at once. allow_dependent_launch() lets the kernel after this one, if launched
+//! programmatically, be scheduled once every CTA of this grid has called it or exited (not that it
+//! may read this grid's results: that is its grid_dependency_wait()).
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 __device__ __forceinline__ uint32_t smem_address(const void* pointer) {

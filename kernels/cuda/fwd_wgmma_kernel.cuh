@@ -118,6 +118,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     fence_barrier_init();
   }
   __syncthreads();
+  // Launched programmatically when its schedule is an earlier call's (attention_launch.cu): the
+  // launch and the setup above overlap the kernel ahead, whatever it is; everything below reads
+  // inputs it may have written, or writes memory it may still read, so every thread waits first.
+  grid_dependency_wait();
 
   const int warpgroup = warpgroup_index();
   if (warpgroup == 0) {
@@ -129,7 +133,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     prefetch_tensor_map(&maps.v);
     for (int tile = 0;; ++tile) {
       int item = static_cast<int>(blockIdx.x);
-      if (tile > 0) item = item_counter ? static_cast<int>(gridDim.x) + atomicAdd(item_counter, 1) : num_items;
+      if (tile > 0 && item_counter) {
+        // Every CTA draws until it gets no item: num_items - G draws that give one and G that do
+        // not, values 0..num_items-1. The last draw resets the counter (every other draw of this
+        // launch is done by then), so a counter kept between launches is zeroed only once.
+        const int drawn = atomicAdd(item_counter, 1);
+        if (drawn == num_items - 1) atomicExch(item_counter, 0);
+        item = static_cast<int>(gridDim.x) + drawn;
+      } else if (tile > 0) {
+        item = num_items;
+      }
       if (tile > 0) mbarrier_wait(item_empty, (tile - 1) & 1);
       if (item >= num_items) {
         asm volatile("st.shared.v4.s32 [%0], {%1, %1, %1, %1};\n" ::"r"(item_slot), "r"(-1) : "memory");
