@@ -129,12 +129,11 @@ bool programmatic_launches() {
 
 //! launch_kernel for a kernel that may start before the kernel ahead of it in the stream has
 //! finished (programmatic dependent launch), when `overlap` is true (and HARNESS_CUDA_PDL is not
-//! 0): its CTAs are scheduled once every CTA of the kernel ahead has called
-//! allow_dependent_launch() or exited, and wait for it with grid_dependency_wait()
-//! (device_utils.cuh) before they read its results. What it hides: the launch latency, the kernel's
-//! prologue, and the tail of the kernel ahead. The kernel must call grid_dependency_wait() in every
-//! thread that reads what the kernel ahead wrote, and in at least one thread of every CTA (so that
-//! it never completes before the kernel ahead).
+//! 0): its CTAs are scheduled as the kernel ahead's CTAs exit, not once that kernel has completed,
+//! and wait for it with grid_dependency_wait() (device_utils.cuh) before they read its results or
+//! write what it may read. What it hides: the launch latency and the kernel's setup, behind the
+//! kernel ahead's drain. The kernel must call grid_dependency_wait() in every thread that touches
+//! global memory the kernel ahead may use, and in at least one thread of every CTA.
 template <typename... KernelParams, typename... Args>
 void launch_kernel_after(bool overlap, void (*kernel)(KernelParams...), const char* name, int64_t ctas, int threads,
                          int smem_bytes, cudaStream_t stream, const Args&... args) {
@@ -403,16 +402,16 @@ void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, cons
   using ConvertCfg = BwdDqConvertConfig<kHeadDim>;
   const AttentionShape& s = params.shape;
   // The prep kernel has zeroed the fp32 accumulator. An empty dK/dV block list contributes no CTA
-  // (the self-test times the parts apart this way).
+  // (the self-test times the parts apart this way). The main kernel is launched plainly: launched
+  // to overlap the prep kernel (griddepcontrol in its producer and reducer), it ran 1.2-1.4%
+  // slower on causal-128 even where nothing overlapped (H200, Nsight Compute, session 13; PERF_NOTES
+  // v11); its dQ conversion overlaps it.
   if (layout.dkdv_ctas > 0) {
     // Cost of a kv block in units of one 64x128x128 GEMM: 5 per step, times the head packs.
     const int packs = (s.heads / s.kv_heads) / dkdv_tile.heads_packed;
     const device::WorkClass items{params.dkdv_blocks.num_kv_blocks, params.dkdv_blocks.q_num_blocks,
                                   params.dkdv_blocks.full_q_num_blocks, 5 * packs, 4, s.kv_heads * s.batch};
-    // The main kernel reads its schedule before it waits for the kernel ahead, so it overlaps that
-    // kernel only when the kernel ahead is the prep kernel, not the schedule's.
-    const bool schedule_built = params.schedule.items && params.schedule.written;
-    if (!schedule_built) launch_schedule(items, device::WorkClass{}, scratch.schedule, stream);
+    if (!(params.schedule.items && params.schedule.written)) launch_schedule(items, device::WorkClass{}, scratch.schedule, stream);
     device::BwdTensorMaps maps;
     maps.q_dkdv = q_side_map(params.q, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "q");
     maps.dout_dkdv = q_side_map(params.dout, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "dout");
@@ -420,8 +419,8 @@ void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, cons
     maps.v_dkdv = kv_side_map(params.v, s, Cfg::kKeys, "v");
     maps.dk = kv_side_map(params.dk, s, 64, "dk");  // one consumer's 64 keys
     maps.dv = kv_side_map(params.dv, s, 64, "dv");
-    launch_kernel_after(schedule_built, device::attention_bwd_atomic_kernel<Cfg>, "attention_bwd_atomic_kernel",
-                        layout.dkdv_ctas, Cfg::kThreads, Cfg::kSmemBytes, stream, params, maps, scratch);
+    launch_kernel(device::attention_bwd_atomic_kernel<Cfg>, "attention_bwd_atomic_kernel", layout.dkdv_ctas, Cfg::kThreads,
+                  Cfg::kSmemBytes, stream, params, maps, scratch);
   }
   const int64_t rows = static_cast<int64_t>(s.batch) * s.heads * s.q_len;
   const int64_t ctas = (rows + ConvertCfg::kRowsPerCta - 1) / ConvertCfg::kRowsPerCta;
@@ -469,8 +468,7 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   const device::WorkClass dq_items{params.dq_blocks.num_q_blocks, params.dq_blocks.kv_num_blocks,
                                    params.dq_blocks.full_kv_num_blocks, 3, 3,
                                    (params.shape.heads / dq_tile.heads_packed) * params.shape.batch};
-  const bool schedule_built = params.schedule.items && params.schedule.written;
-  if (!schedule_built) launch_schedule(dkdv_items, dq_items, scratch.schedule, stream);
+  if (!(params.schedule.items && params.schedule.written)) launch_schedule(dkdv_items, dq_items, scratch.schedule, stream);
 
   if (params.kernel == BwdKernel::mma) {
     return launch_kernel(device::attention_bwd_kernel<DkdvCfg, DqCfg>, "attention_bwd_kernel", ctas, DkdvCfg::kThreads,
@@ -490,9 +488,8 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   maps.k_dq = kv_side_map(params.k, s, Cfg::kDqBlockN, "k");
   maps.v_dq = kv_side_map(params.v, s, Cfg::kDqBlockN, "v");
   maps.dq = consumer_rows_map(params.dq, s, dq_tile, "dq");
-  // Overlaps the prep kernel when that is the kernel ahead (it reads its schedule before it waits).
-  launch_kernel_after(schedule_built, device::attention_bwd_wgmma_kernel<Cfg>, "attention_bwd_wgmma_kernel", ctas,
-                      Cfg::kThreads, Cfg::kSmemBytes, stream, params, maps, scratch);
+  launch_kernel(device::attention_bwd_wgmma_kernel<Cfg>, "attention_bwd_wgmma_kernel", ctas, Cfg::kThreads, Cfg::kSmemBytes,
+                stream, params, maps, scratch);
 }
 
 std::string describe_tile(const char* name, const TileShape& tile) {

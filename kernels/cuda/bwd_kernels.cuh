@@ -54,12 +54,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int batch = static_cast<int>(row / (static_cast<int64_t>(scratch.q_pad) * p.shape.heads));
   const bool real = row < rows_total && q < p.shape.q_len;
   // Launched programmatically (attention_launch.cu): the kernel ahead, whatever it is, may have
-  // written dO or still read the memory this kernel writes, so wait for it first. Then the main
-  // kernel, launched programmatically too, may start its prologue (it waits for this grid before
-  // it reads anything written here; what it reads before, K, V and a kept schedule, no kernel
-  // ahead of this one writes).
+  // written dO or still read the memory this kernel writes, so wait for it first.
   grid_dependency_wait();
-  allow_dependent_launch();
   if (scratch.dq_accum != nullptr && row < rows_total) {
     // wgmma_atomic: zero this row's chunk of the fp32 dQ accumulator (same rows, kHeadDim floats
     // each), in place of a memset launch; the stores need nothing loaded, so they go out first.

@@ -22,8 +22,8 @@
 // consumers meet only once per step (dS^T of both halves is in; dS^T is double-buffered so that
 // one consumer may write the next while the other still reads this one).
 // attention_bwd_dq_convert_kernel then writes bf16 dQ. The prep kernel zeroes the accumulator; the
-// main and convert kernels are launched programmatically (each may start while the one ahead
-// finishes, and waits for it where it reads its results: grid_dependency_wait).
+// convert kernel is launched programmatically (it may start while this one finishes, and waits
+// for it before it reads the sums: grid_dependency_wait).
 // dQ's fp32 sums depend on the order the CTAs' adds land in, so dQ is not bitwise reproducible
 // (dK and dV are).
 
@@ -97,15 +97,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     mbarrier_init(dq_empty, 1);
     fence_barrier_init();
   }
-  // The dQ conversion after this kernel may be scheduled on the SMs this grid's last CTAs leave
-  // idle (it waits for the whole grid before it reads the accumulator).
-  allow_dependent_launch();
   __syncthreads();
 
-  // Launched programmatically behind the prep kernel (attention_launch.cu: only when the schedule
-  // was built by an earlier call, so it is not the kernel ahead): the schedule, K and V are inputs
-  // and are read at once; the prep kernel's row statistics, mask rows and zeroed accumulator only
-  // after grid_dependency_wait() (the producer's and the reducer's).
   const WorkItem work = scratch.schedule[blockIdx.x];
   const int kv_block = work.block;
   const int kv_head = work.copy % p.shape.kv_heads;
@@ -128,7 +121,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     warpgroup_registers_decrease<Cfg::kProducerRegisters>();
     if (threadIdx.x == 32) {
       // ---- Reducer: adds each step's dQ tile to the fp32 accumulator, one bulk op per head. ----
-      grid_dependency_wait();  // the prep kernel has zeroed the accumulator
       for (int step = 0; step < num_steps; ++step) {
         mbarrier_wait(dq_full, step & 1);
         const int head0 = kv_head * group + (step / num_q_blocks) * heads_packed;
@@ -152,7 +144,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tma_load_4d(s_k + half * kKeys * 128, &maps.k_dkdv, bar.resident(), half * 64, kv0, kv_head, batch);
       tma_load_4d(s_v + half * kKeys * 128, &maps.v_dkdv, bar.resident(), half * 64, kv0, kv_head, batch);
     }
-    grid_dependency_wait();  // the prep kernel's row statistics and mask rows are written
     int q_block = q_block_at(0);
     for (int step = 0; step < num_steps; ++step) {
       const int next = q_block_at(step + 1);

@@ -403,9 +403,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fence_barrier_init();
   }
   __syncthreads();
-  // Launched programmatically behind the prep kernel when the schedule is an earlier call's
-  // (attention_launch.cu): what follows reads the prep kernel's row statistics and mask rows.
-  grid_dependency_wait();
   if (dkdv) {
     bwd_dkdv_wgmma_tile<Cfg>(p, maps, scratch, smem, work.block, work.copy % p.shape.kv_heads, work.copy / p.shape.kv_heads);
   } else {
