@@ -129,10 +129,10 @@ bool programmatic_launches() {
 
 //! launch_kernel for a kernel that may start before the kernel ahead of it in the stream has
 //! finished (programmatic dependent launch), when `overlap` is true (and HARNESS_CUDA_PDL is not
-//! 0): its CTAs are scheduled as the kernel ahead's CTAs exit, not once that kernel has completed,
-//! and wait for it with grid_dependency_wait() (device_utils.cuh) before they read its results or
-//! write what it may read. What it hides: the launch latency and the kernel's setup, behind the
-//! kernel ahead's drain. The kernel must call grid_dependency_wait() in every thread that touches
+//! 0): its CTAs may be scheduled once every CTA of the kernel ahead has exited (none of this
+//! folder's kernels signals earlier), before that kernel's completion is signalled and its memory
+//! flushed, and wait for it with grid_dependency_wait() (device_utils.cuh) before they read its
+//! results or write what it may read. What it hides: the launch latency and the kernel's setup. The kernel must call grid_dependency_wait() in every thread that touches
 //! global memory the kernel ahead may use, and in at least one thread of every CTA.
 template <typename... KernelParams, typename... Args>
 void launch_kernel_after(bool overlap, void (*kernel)(KernelParams...), const char* name, int64_t ctas, int threads,
@@ -405,7 +405,7 @@ void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, cons
   // (the self-test times the parts apart this way). The main kernel is launched plainly: launched
   // to overlap the prep kernel (griddepcontrol in its producer and reducer), it ran 1.2-1.4%
   // slower on causal-128 even where nothing overlapped (H200, Nsight Compute, session 13; PERF_NOTES
-  // v11); its dQ conversion overlaps it.
+  // v11); the dQ conversion after it is launched to overlap its end.
   if (layout.dkdv_ctas > 0) {
     // Cost of a kv block in units of one 64x128x128 GEMM: 5 per step, times the head packs.
     const int packs = (s.heads / s.kv_heads) / dkdv_tile.heads_packed;

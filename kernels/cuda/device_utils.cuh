@@ -24,14 +24,14 @@ __device__ __forceinline__ void cp_async_wait() {
 
 //! Programmatic dependent launch (PTX griddepcontrol, sm_90): a kernel launched with
 //! cudaLaunchAttributeProgrammaticStreamSerialization (launch_kernel_after, attention_launch.cu)
-//! may be scheduled while the kernel ahead of it in the stream still drains. grid_dependency_wait()
+//! may be scheduled before the kernel ahead of it in the stream has completed. grid_dependency_wait()
 //! holds the calling thread until that kernel has completed and its writes are visible, so every
 //! thread that reads what it wrote or writes memory it may still read (a fresh output can reuse a
 //! block it still reads) calls this first, and so does at least one thread of every CTA (the grid
 //! must never complete before the kernel ahead); in a kernel launched the plain way it returns at
 //! once. None of this folder's kernels signals its dependents early (griddepcontrol.launch_dependents):
 //! in the atomic backward's main kernel that instruction cost 0.8% (PERF_NOTES v11), so the
-//! kernel after one starts as its CTAs exit.
+//! kernel after one may start once its last CTA has exited.
 __device__ __forceinline__ void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
