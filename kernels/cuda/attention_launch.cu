@@ -319,8 +319,7 @@ void launch_fwd_wgmma(const FwdParams& params, const TileShape& tile, const Work
   const bool own_o = Cfg::kOwnO && counter != nullptr;
   // Overlaps the kernel ahead (programmatic launch; the kernel waits for it before it reads or
   // writes global memory) unless that is the schedule's kernel or the counter's memset.
-  const bool schedule_built = params.schedule.items && params.schedule.written;
-  launch_kernel_after(schedule_built, device::attention_fwd_wgmma_kernel<Cfg>, "attention_fwd_wgmma_kernel", grid,
+  launch_kernel_after(params.schedule.built(), device::attention_fwd_wgmma_kernel<Cfg>, "attention_fwd_wgmma_kernel", grid,
                       Cfg::kThreads, Cfg::kSmemBytes + (own_o ? 2 * Cfg::kQBytes : 0), stream, params, maps, schedule,
                       static_cast<int>(ctas), counter, own_o);
 }
@@ -379,7 +378,7 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   // Cost of a q block: its kv blocks plus about one block's worth of Q load and epilogue.
   const device::WorkClass q_blocks{params.blocks.num_q_blocks, params.blocks.kv_num_blocks, params.blocks.full_kv_num_blocks,
                                    1, 1, static_cast<int32_t>(ctas / params.blocks.num_q_blocks)};
-  if (!(params.schedule.items && params.schedule.written)) {
+  if (!params.schedule.built()) {
     launch_schedule(device::WorkClass{}, q_blocks, schedule, stream);
     // A kept schedule's counter: zeroed once, here; the persistent kernels leave it at 0.
     if (params.schedule.items) HARNESS_CUDA_CHECK(cudaMemsetAsync(fwd_item_counter(params, ctas), 0, sizeof(int), stream));
@@ -411,7 +410,7 @@ void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, cons
     const int packs = (s.heads / s.kv_heads) / dkdv_tile.heads_packed;
     const device::WorkClass items{params.dkdv_blocks.num_kv_blocks, params.dkdv_blocks.q_num_blocks,
                                   params.dkdv_blocks.full_q_num_blocks, 5 * packs, 4, s.kv_heads * s.batch};
-    if (!(params.schedule.items && params.schedule.written)) launch_schedule(items, device::WorkClass{}, scratch.schedule, stream);
+    if (!params.schedule.built()) launch_schedule(items, device::WorkClass{}, scratch.schedule, stream);
     device::BwdTensorMaps maps;
     maps.q_dkdv = q_side_map(params.q, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "q");
     maps.dout_dkdv = q_side_map(params.dout, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "dout");
@@ -468,7 +467,7 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   const device::WorkClass dq_items{params.dq_blocks.num_q_blocks, params.dq_blocks.kv_num_blocks,
                                    params.dq_blocks.full_kv_num_blocks, 3, 3,
                                    (params.shape.heads / dq_tile.heads_packed) * params.shape.batch};
-  if (!(params.schedule.items && params.schedule.written)) launch_schedule(dkdv_items, dq_items, scratch.schedule, stream);
+  if (!params.schedule.built()) launch_schedule(dkdv_items, dq_items, scratch.schedule, stream);
 
   if (params.kernel == BwdKernel::mma) {
     return launch_kernel(device::attention_bwd_kernel<DkdvCfg, DqCfg>, "attention_bwd_kernel", ctas, DkdvCfg::kThreads,

@@ -95,6 +95,8 @@ struct WorkItem {
 struct ScheduleCache {
   WorkItem* items = nullptr;
   bool written = false;
+  //! A kept schedule that is already in place: the launch runs no schedule kernel.
+  bool built() const { return items != nullptr && written; }
 };
 
 //! Forward: o = softmax(scale * q k^T + mask) v, lse = logsumexp per row (natural log, -inf for
