@@ -198,13 +198,18 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const Bw
     const float2* stats = reinterpret_cast<const float2*>(__cvta_shared_to_generic(s_stats + stage * kRows * 8));
     const QueryMaskRow* masks = reinterpret_cast<const QueryMaskRow*>(__cvta_shared_to_generic(s_masks + stage * kRows * 32));
 
-    // S^T: this consumer's 64 keys x 64 query rows.
+    // S^T (this consumer's 64 keys x 64 query rows) and dP^T = V dO^T, issued back to back: dP^T
+    // needs no P, so it runs while this consumer masks S^T and computes P^T.
     float st[kRows / 8][4];
+    float dpt[kRows / 8][4];
     mbarrier_wait(bar.first(stage), parity);
+    mbarrier_wait(bar.second(stage), parity);
     wgmma_fence();
     keys_times_rows<kHeadDim, kKeys, kRows>(st, k_rows, q_stage);
     wgmma_commit();
-    wgmma_wait<0>();
+    keys_times_rows<kHeadDim, kKeys, kRows>(dpt, v_rows, do_stage);
+    wgmma_commit();
+    wgmma_wait<1>();  // S^T is in; dP^T runs on
     fence_registers(st);
     // Mask rows are per query position: column c (head c / block_m) reads position c % block_m.
     if (step % num_q_blocks < num_partial) mask_scores_transposed<kRows>(st, masks, block_m - 1, my_doc, my_kv);
@@ -213,19 +218,15 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const Bw
     uint32_t pt[kRows / 16][4];
     to_a_fragments<kRows / 16>(pt, st);
 
-    // dV += P^T dO and dP^T = V dO^T, issued together.
-    float dpt[kRows / 8][4];
-    mbarrier_wait(bar.second(stage), parity);
+    // dV += P^T dO, issued behind dP^T; dS^T is computed while it runs.
     fence_registers(acc_dv);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kRows / 16; ++kk) {
       wgmma_rs<kHeadDim, true>(acc_dv, pt[kk], smem_descriptor(do_stage + kk * 16 * 128, kRows * 128, 1024), true);
     }
-    keys_times_rows<kHeadDim, kKeys, kRows>(dpt, v_rows, do_stage);
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(acc_dv);
+    wgmma_wait<1>();  // dP^T is in; dV runs on
     fence_registers(dpt);
 
     // dS^T = P^T (dP^T - delta), then dK += dS^T Q.
@@ -240,6 +241,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const Bw
     }
     wgmma_commit();
     wgmma_wait<0>();
+    fence_registers(acc_dv);
     fence_registers(acc_dk);
     mbarrier_arrive(bar.empty(stage));
   }

@@ -335,7 +335,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
         float s[kBlockN / 8][4];
         await_turn();
         wait_k(step);
-        wait_v(step - 1);
+        // V_{step-1}: this thread waited for it in the turn before (turn 0 waits for V_0), except in
+        // the 2-stage ping-pong, whose turns wait for the V before theirs (below).
+        if constexpr (kTakeTurns && kStages == 2) wait_v(step - 1);
         wgmma_fence();
         issue_s(s, step);
         issue_pv(p_frag, step - 1);
@@ -378,6 +380,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
           wgmma_fence();
           issue_s(s, 0);
           grant_turn();
+          if constexpr (!(kTakeTurns && kStages == 2)) wait_v(0);  // for turn 1 (V_0 comes with K_0)
           wgmma_wait<0>();
           fence_registers(s);
           mbarrier_arrive_if(k_empty(stage_of(0)), lane == 0);
