@@ -260,8 +260,8 @@ class StepBuilder {
       }
       // The CTA schedules, kept with the mask after the first call builds them: the forward's
       // kernel's, and the backward's two (merged, atomic).
-      trace_.alloc(trace_.kind("fwd schedule", {cuda_fwd_scratch(d_)}, "uint8", "CTAs·8, 256-aligned",
-                               "the forward's CTA schedule (kept with the mask)"));
+      trace_.alloc(trace_.kind("fwd schedule", {cuda_fwd_scratch(d_)}, "uint8", "CTAs·8 + mask bits, 256-aligned",
+                               "the forward's CTA schedule and partial blocks' mask bits (kept with the mask)"));
       const int bwd_schedule = trace_.kind("bwd schedule", {cuda_bwd_schedule(d_)}, "uint8", "CTAs·8, 256-aligned",
                                            "a backward CTA schedule (two kept with the mask: merged and atomic)");
       trace_.alloc(bwd_schedule);
@@ -415,8 +415,8 @@ class StepBuilder {
     Saved s;
     s.out = trace_.alloc(output_kind(), layer);
     s.lse = trace_.alloc(lse_kind(), layer);
-    const int scratch = trace_.alloc(trace_.kind("fwd scratch", {cuda_fwd_scratch(d_)}, "uint8", "CTAs·8, 256-aligned",
-                                                 "the forward's CTA schedule"), layer);
+    const int scratch = trace_.alloc(trace_.kind("fwd scratch", {cuda_fwd_scratch(d_)}, "uint8", "CTAs·8 + mask bits, 256-aligned",
+                                                 "the forward's CTA schedule and partial blocks' mask bits"), layer);
     trace_.free(scratch);
     return s;
   }

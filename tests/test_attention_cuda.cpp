@@ -25,6 +25,7 @@
 
 #include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/fused_attention_cuda.h"
+#include "kernels/cuda/tiling.h"
 #endif
 
 using namespace harness::kernels;
@@ -227,6 +228,39 @@ TEST_CASE("fused_cuda called again on the same mask matches the dense reference"
                        {"wgmma_m64_n64", "wgmma_atomic"},
                        {"wgmma_m128_n128_pingpong", "mma"}},
                       {}, /*calls=*/3);
+}
+
+TEST_CASE("the overlapped forwards take partial blocks' bits from the table and evaluate those past it",
+          "[cuda][attention]") {
+  if (!have_gpu()) return;
+  // One query head per kv head packs no heads: a q block is 64 or 128 positions, 4 or 8 draft
+  // blocks with their own anchors, so its partial list (anchor blocks, document starts, draft
+  // blocks) runs past the table's kMaskBitSlots and the kernels evaluate the rest per score.
+  // kv_len 2048 takes the unmasked turns for the full blocks; 1884 is ragged (every turn masked).
+  // Two calls: the second reads the table kept with the schedule.
+  namespace kc = harness::kernels::cuda;
+  const std::vector<CudaKernelChoice> overlapped = {{"wgmma_m64_n64_overlap", "wgmma"}, {"wgmma_m128_n128_pingpong", "wgmma"}};
+  for (const int64_t context : {1664, 1500}) {
+    const Case c = make_case("dflash, 4 heads of their own, context " + std::to_string(context), 1, 4, 4, 128, 24, context,
+                             dflash(5));
+    MaskContext mask(c.mask);
+    kc::AttentionShape shape;
+    shape.heads = 4;
+    shape.kv_heads = 4;
+    shape.q_len = static_cast<int32_t>(c.mask.q_len);
+    shape.kv_len = static_cast<int32_t>(c.mask.kv_len);
+    shape.head_dim = 128;
+    for (const CudaKernelChoice& choice : overlapped) {
+      kc::FwdKernel kernel;
+      REQUIRE(kc::parse_fwd_kernel(choice.fwd, &kernel));
+      const kc::TileShape tile = kc::fwd_tile_shape(shape, kernel);
+      const int64_t most_partial =
+          mask.block_mask(tile.block_m, tile.block_n, at::Device(at::kCUDA)).kv_num_blocks.max().item<int64_t>();
+      INFO(choice.fwd << ": at most " << most_partial << " partial blocks per q block");
+      CHECK(most_partial > kc::tiling::kMaskBitSlots);
+    }
+    check_against_dense(c, 50 + context, overlapped, {}, /*calls=*/2);
+  }
 }
 
 // Hidden (run it by its tag, [sinks_hd64]): measured on the H200 in session 12, this case misses

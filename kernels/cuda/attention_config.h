@@ -77,6 +77,13 @@ constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
   }
   return {128, 64};
 }
+//! Whether a forward kernel reads its partial blocks' masks as bits from a table built with its
+//! schedule (the overlapped kernels, FwdWgmmaConfig::kOverlap: fwd_wgmma_kernel.cuh, mask_bits.cuh)
+//! rather than evaluating the mask per score.
+constexpr bool fwd_kernel_reads_mask_bits(FwdKernel kernel) {
+  return kernel == FwdKernel::wgmma_m128_n128_pingpong || kernel == FwdKernel::wgmma_m64_n64_overlap ||
+         kernel == FwdKernel::wgmma_m128_n128_pingpong_persistent || kernel == FwdKernel::wgmma_m128_n64_pingpong;
+}
 //! The names the dispatch trace, the tuning cache and CudaKernelChoice use.
 constexpr const char* fwd_kernel_label(FwdKernel kernel) {
   switch (kernel) {

@@ -23,6 +23,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fwd_kernel.cuh"
 #include "kernels/cuda/fwd_wgmma_kernel.cuh"
+#include "kernels/cuda/mask_bits.cuh"
 #include "kernels/cuda/schedule_kernel.cuh"
 #include "kernels/cuda/tiling.h"
 
@@ -287,6 +288,28 @@ int* fwd_item_counter(const FwdParams& params, int64_t ctas) {
   return reinterpret_cast<int*>(base + tiling::align_scratch(ctas * tiling::kWorkItemBytes));
 }
 
+//! The forward's mask bit table (tiling::fwd_mask_bits_offset), with the kept schedule if there is
+//! one, else in the scratch; null for a kernel that reads none.
+uint64_t* fwd_mask_bits(const FwdParams& params) {
+  const AttentionShape& s = params.shape;
+  if (tiling::fwd_mask_bits_bytes(s.heads, s.kv_heads, params.blocks.num_q_blocks, params.kernel) == 0) return nullptr;
+  auto* base = params.schedule.items ? reinterpret_cast<unsigned char*>(params.schedule.items)
+                                     : static_cast<unsigned char*>(params.scratch);
+  return reinterpret_cast<uint64_t*>(
+      base + tiling::fwd_mask_bits_offset(s.batch, s.heads, s.kv_heads, params.blocks.num_q_blocks, params.kernel));
+}
+
+//! Fills the mask bit table (mask_bits.cuh) of a forward whose kernel reads one.
+void launch_fwd_mask_bits(const FwdParams& params, cudaStream_t stream) {
+  uint64_t* bits = fwd_mask_bits(params);
+  if (bits == nullptr) return;
+  const int64_t entries = params.blocks.num_q_blocks * tiling::kMaskBitSlots * params.blocks.block_m * (params.blocks.block_n / 64);
+  constexpr int kThreads = 256;
+  const int64_t ctas = std::min<int64_t>(tiling::ceil_div(entries, kThreads), 4096);
+  launch_kernel(device::build_fwd_mask_bits_kernel, "build_fwd_mask_bits_kernel", ctas, kThreads, 0, stream, params.mask,
+                params.blocks, bits);
+}
+
 template <class Cfg>
 void launch_fwd_wgmma(const FwdParams& params, const TileShape& tile, const WorkItem* schedule, int64_t ctas,
                       cudaStream_t stream) {
@@ -321,7 +344,7 @@ void launch_fwd_wgmma(const FwdParams& params, const TileShape& tile, const Work
   // writes global memory) unless that is the schedule's kernel or the counter's memset.
   launch_kernel_after(params.schedule.built(), device::attention_fwd_wgmma_kernel<Cfg>, "attention_fwd_wgmma_kernel", grid,
                       Cfg::kThreads, Cfg::kSmemBytes + (own_o ? 2 * Cfg::kQBytes : 0), stream, params, maps, schedule,
-                      static_cast<int>(ctas), counter, own_o);
+                      static_cast<int>(ctas), counter, own_o, static_cast<const uint64_t*>(fwd_mask_bits(params)));
 }
 
 //! A wgmma forward kernel and its configuration; the tiling table the host sizes BlockMasks and
@@ -382,6 +405,9 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
     launch_schedule(device::WorkClass{}, q_blocks, schedule, stream);
     // A kept schedule's counter: zeroed once, here; the persistent kernels leave it at 0.
     if (params.schedule.items) HARNESS_CUDA_CHECK(cudaMemsetAsync(fwd_item_counter(params, ctas), 0, sizeof(int), stream));
+    // The partial blocks' mask bits, kept with the schedule (they depend on the mask and the
+    // tiling only).
+    launch_fwd_mask_bits(params, stream);
   }
   if (params.kernel == FwdKernel::mma_m128_n64) return launch_fwd_mma<FwdConfig<kHeadDim>>(params, schedule, ctas, stream);
   const bool launched = with_wgmma_fwd_config<kHeadDim>(params.kernel, [&](auto wgmma) {

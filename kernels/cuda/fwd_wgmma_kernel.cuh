@@ -35,6 +35,7 @@
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/fwd_kernel.cuh"
 #include "kernels/cuda/hopper_utils.cuh"
+#include "kernels/cuda/mask_bits.cuh"
 #include "kernels/cuda/mask_device.cuh"
 #include "kernels/cuda/tile_math.cuh"
 #include "kernels/cuda/wgmma_ops.cuh"
@@ -54,7 +55,7 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     attention_fwd_wgmma_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ FwdTensorMaps maps,
                                const WorkItem* __restrict__ schedule, const int num_items, int* item_counter,
-                               const bool own_o) {
+                               const bool own_o, const uint64_t* __restrict__ mask_bits) {
   constexpr int kHeadDim = Cfg::kHeadDim;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kBlockN = Cfg::kBlockN;
@@ -295,8 +296,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       // The mask of a step as one bit per score of this thread, computed before the turn's products
       // are issued (it does not depend on S): between the two waits below the code must be free of
       // branches, or ptxas puts the wait for P V at the branch and the softmax no longer overlaps it.
+      // The first partial blocks' bits come from the table (mask_bits.cuh: two 8-byte loads per
+      // 64 keys, a few shifts), the rest are evaluated here.
       static_assert(kBlockN / 2 <= 64, "one bit per score of this thread");
+      constexpr int kWords = kBlockN / 64;
+      const int slot_words = p.blocks.block_m * kWords;
+      const uint64_t* table_row[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        table_row[i] = mask_bits + (static_cast<int64_t>(work.q_block) * tiling::kMaskBitSlots * p.blocks.block_m +
+                                    (my_row[i] & (p.blocks.block_m - 1))) * kWords;
+      }
       auto keep_bits = [&](int step) {
+        if (step < num_partial && step < tiling::kMaskBitSlots) {
+          return keep_bits_from_table<kBlockN>(table_row[0] + step * slot_words, table_row[1] + step * slot_words);
+        }
         const int kv0 = kv_block_at(step) * kBlockN;
         uint64_t keep = ~uint64_t{0};
         if (step < num_partial || kv0 + kBlockN > kv_len) {
@@ -307,7 +321,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
           for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              if (visible(row_mask[e >> 1], docs[j][e & 1], kv0 + tile_column(j, e))) keep |= uint64_t{1} << (4 * j + e);
+              if (visible(row_mask[e >> 1], docs[j][e & 1], kv0 + tile_column(j, e))) keep |= uint64_t{1} << keep_bit(j, e);
             }
           }
         }
@@ -317,7 +331,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[j][e] = (keep >> (4 * j + e)) & 1 ? s[j][e] : -INFINITY;
+          for (int e = 0; e < 4; ++e) s[j][e] = (keep >> keep_bit(j, e)) & 1 ? s[j][e] : -INFINITY;
         }
       };
       // Turn `step` (1 <= step < n): S_step and P V of step - 1, in FlashAttention-3's order. The

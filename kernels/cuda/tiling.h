@@ -62,12 +62,28 @@ constexpr Tile bwd_dkdv_tile(int64_t heads, int64_t kv_heads) {
 constexpr int64_t fwd_ctas(int64_t batch, int64_t heads, int64_t kv_heads, int64_t num_q_blocks, FwdKernel kernel) {
   return num_q_blocks * (heads / fwd_tile(heads, kv_heads, kernel).heads_packed) * batch;
 }
+//! Partial kv blocks per q block whose mask bits the table holds (mask_bits.cuh): the first
+//! kMaskBitSlots of a q block's partial list; a q block with more evaluates the rest per score.
+constexpr int64_t kMaskBitSlots = 4;
+//! Forward mask bit table (kernels with fwd_kernel_reads_mask_bits): per q block, slot and query
+//! position of the block, block_n / 64 words of 64 bits, bit c of word w = key 64 w + c of the
+//! slot's kv block visible.
+constexpr int64_t fwd_mask_bits_bytes(int64_t heads, int64_t kv_heads, int64_t num_q_blocks, FwdKernel kernel) {
+  if (!fwd_kernel_reads_mask_bits(kernel)) return 0;
+  const Tile tile = fwd_tile(heads, kv_heads, kernel);
+  return num_q_blocks * kMaskBitSlots * tile.block_m * (tile.block_n / 64) * 8;
+}
+//! Offset of the mask bit table: after the schedule and the counter's slot.
+constexpr int64_t fwd_mask_bits_offset(int64_t batch, int64_t heads, int64_t kv_heads, int64_t num_q_blocks, FwdKernel kernel) {
+  return align_scratch(fwd_ctas(batch, heads, kv_heads, num_q_blocks, kernel) * kWorkItemBytes) + kScratchAlign;
+}
 //! Forward scratch: the longest-first schedule, one WorkItem per work item (a CTA's, unless the
-//! CTAs are persistent), then the persistent CTAs' work item counter.
+//! CTAs are persistent), then the persistent CTAs' work item counter (one aligned slot), then the
+//! mask bit table of the kernels that read one.
 constexpr int64_t fwd_scratch_bytes(int64_t batch, int64_t heads, int64_t kv_heads, int64_t num_q_blocks,
                                     FwdKernel kernel) {
-  // The schedule, then the persistent CTAs' work item counter (one aligned slot).
-  return align_scratch(fwd_ctas(batch, heads, kv_heads, num_q_blocks, kernel) * kWorkItemBytes) + kScratchAlign;
+  return fwd_mask_bits_offset(batch, heads, kv_heads, num_q_blocks, kernel) +
+         align_scratch(fwd_mask_bits_bytes(heads, kv_heads, num_q_blocks, kernel));
 }
 
 //! Backward scratch, in order: per-(batch, head, padded q row) statistics, per padded q row mask
