@@ -166,7 +166,7 @@ int64_t cuda_bwd_scratch(const Dims& d) {
 int64_t cuda_bwd_schedule(const Dims& d) {
   const auto layout = tiling::bwd_scratch(d.batch, d.heads, d.kv_heads, d.q_len, ceil_div(d.q_len, cuda_dq_tile(d).block_m),
                                           ceil_div(d.kv_len, cuda_dkdv_tile(d).block_n));
-  return tiling::align_scratch((layout.dkdv_ctas + layout.dq_ctas) * tiling::kWorkItemBytes);
+  return layout.kept_bytes;
 }
 
 //! The eight int32 tensors of a BlockMask (kernels/block_mask.h): counts per q block and per kv
@@ -262,8 +262,8 @@ class StepBuilder {
       // kernel's, and the backward's two (merged, atomic).
       trace_.alloc(trace_.kind("fwd schedule", {cuda_fwd_scratch(d_)}, "uint8", "CTAs·8 + mask bits, 256-aligned",
                                "the forward's CTA schedule and partial blocks' mask bits (kept with the mask)"));
-      const int bwd_schedule = trace_.kind("bwd schedule", {cuda_bwd_schedule(d_)}, "uint8", "CTAs·8, 256-aligned",
-                                           "a backward CTA schedule (two kept with the mask: merged and atomic)");
+      const int bwd_schedule = trace_.kind("bwd schedule", {cuda_bwd_schedule(d_)}, "uint8", "CTAs·8 + KV·128, 256-aligned",
+                                           "a backward CTA schedule and key mask bits (two kept with the mask: merged and atomic)");
       trace_.alloc(bwd_schedule);
       trace_.alloc(bwd_schedule);
       return;
@@ -426,9 +426,9 @@ class StepBuilder {
     g.dk = trace_.alloc(grad_kind("dk", kv_shape(), "B·H_KV·KV·D·"), layer);
     g.dv = trace_.alloc(grad_kind("dv", kv_shape(), "B·H_KV·KV·D·"), layer);
     const int scratch = trace_.alloc(trace_.kind("bwd scratch", {cuda_bwd_scratch(d_)}, "uint8",
-                                                 "B·H·Q_pad·8 + Q_pad·32 + CTAs·8 (+ B·H·Q_pad·D·4), each 256-aligned",
-                                                 "per-row (lse, delta), per-query mask rows, CTA schedule (and "
-                                                 "wgmma_atomic's fp32 dQ accumulator)"), layer);
+                                                 "B·H·Q_pad·8 + Q_pad·32 + CTAs·8 + KV·128 (+ B·H·Q_pad·D·4), each 256-aligned",
+                                                 "per-row (lse, delta), per-query mask rows, CTA schedule, key mask bits "
+                                                 "(and wgmma_atomic's fp32 dQ accumulator)"), layer);
     trace_.free(scratch);
     trace_.free(s.lse);
     return g;

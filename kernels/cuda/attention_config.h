@@ -281,8 +281,10 @@ struct BwdWgmmaConfig {
   static constexpr int kDkdvQBytes = kDkdvRows * kHeadDim * 2;   //!< one stage's Q (and dO)
   static constexpr int kDqQBytes = kDqRows * kHeadDim * 2;       //!< resident Q (and dO)
   static constexpr int kDqKvBytes = kDqBlockN * kHeadDim * 2;    //!< one stage's K (and V)
-  //! dK/dV: K, V, then per stage Q, dO, (lse2, delta) and the 32-byte mask row of each q row.
-  static constexpr int kDkdvBarrierOffset = 2 * kDkdvKvBytes + kStages * (2 * kDkdvQBytes + kDkdvRows * (8 + 32));
+  //! dK/dV: K, V, then per stage Q, dO, (lse2, delta) and the 32-byte mask row of each q row, and
+  //! the mask bits of each key (mask_bits.cuh).
+  static constexpr int kDkdvBarrierOffset =
+      2 * kDkdvKvBytes + kStages * (2 * kDkdvQBytes + kDkdvRows * (8 + 32) + kDkdvKeys * 8);
   //! dQ: Q, dO, then per stage K and V.
   static constexpr int kDqBarrierOffset = 2 * kDqQBytes + 2 * kStages * kDqKvBytes;
   static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
@@ -333,7 +335,8 @@ struct BwdWgmmaAtomicConfig {
   static constexpr int kOffDq = kOffDs + 2 * kDsBytes;  // dS^T double-buffered
   static constexpr int kOffStats = kOffDq + kDqBytes;            //!< kStages x kRows (lse2, delta)
   static constexpr int kOffMasks = kOffStats + kStages * kRows * 8;  //!< kStages x kRows QueryMaskRow
-  static constexpr int kOffBarriers = kOffMasks + kStages * kRows * 32;
+  static constexpr int kOffBits = kOffMasks + kStages * kRows * 32;  //!< kStages x kKeys mask bit words
+  static constexpr int kOffBarriers = kOffBits + kStages * kKeys * 8;
   //! resident, 2 "full" and 1 "empty" per stage, dQ tile full / empty.
   static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages + 2);
   static constexpr int kSmemBytes = 1024 + kOffBarriers + kBarrierBytes;

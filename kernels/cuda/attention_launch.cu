@@ -470,6 +470,10 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   scratch.row_stats = reinterpret_cast<float2*>(base + layout.row_stats);
   scratch.mask_rows = reinterpret_cast<device::QueryMaskRow*>(base + layout.mask_rows);
   scratch.schedule = params.schedule.items ? params.schedule.items : reinterpret_cast<WorkItem*>(base + layout.schedule);
+  // The key bit table follows the schedule, in the kept buffer or in the scratch alike.
+  auto* kept = reinterpret_cast<unsigned char*>(scratch.schedule);
+  scratch.key_bits = kept + (layout.key_bits - layout.schedule);
+  scratch.row_bits = reinterpret_cast<uint64_t*>(kept + (layout.row_bits - layout.schedule));
   scratch.q_pad = static_cast<int>(tiling::padded_q_len(params.shape.q_len));
   scratch.dq_accum = layout.dq_accum_bytes ? reinterpret_cast<float*>(base + layout.dq_accum) : nullptr;
 
@@ -477,6 +481,22 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   const int64_t prep_ctas = (rows + PrepCfg::kRowsPerCta - 1) / PrepCfg::kRowsPerCta;
   launch_kernel_after(true, device::attention_bwd_prep_kernel<PrepCfg>, "attention_bwd_prep_kernel", prep_ctas,
                       PrepCfg::kThreads, 0, stream, params, scratch);
+  // The dK/dV partial steps' mask bits (mask_bits.cuh), kept with the schedule like it.
+  if (!params.schedule.built() && params.kernel != BwdKernel::mma && params.dkdv_blocks.num_kv_blocks > 0) {
+    const int64_t entries = params.dkdv_blocks.num_kv_blocks * tiling::kBwdMaskBitSlots * params.dkdv_blocks.block_n;
+    constexpr int kThreads = 256;
+    launch_kernel(device::build_bwd_key_bits_kernel, "build_bwd_key_bits_kernel",
+                  std::min<int64_t>(tiling::ceil_div(entries, kThreads), 4096), kThreads, 0, stream, params.mask,
+                  params.dkdv_blocks, scratch.key_bits);
+  }
+  if (!params.schedule.built() && params.kernel == BwdKernel::wgmma && params.dq_blocks.num_q_blocks > 0) {
+    const int64_t entries = params.dq_blocks.num_q_blocks * tiling::kMaskBitSlots * params.dq_blocks.block_m *
+                            (params.dq_blocks.block_n / 64);
+    constexpr int kThreads = 256;
+    launch_kernel(device::build_fwd_mask_bits_kernel, "build_fwd_mask_bits_kernel",
+                  std::min<int64_t>(tiling::ceil_div(entries, kThreads), 4096), kThreads, 0, stream, params.mask,
+                  params.dq_blocks, scratch.row_bits);
+  }
 
   if (params.kernel == BwdKernel::wgmma_atomic) {
     return launch_bwd_atomic<BwdWgmmaAtomicConfig<kHeadDim, 2>>(params, dkdv_tile, layout, scratch, stream);
@@ -559,8 +579,7 @@ size_t fwd_schedule_bytes(const AttentionShape& shape, const BlockListParams& bl
 size_t bwd_schedule_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks, const BlockListParams& dkdv_blocks,
                           BwdKernel kernel) {
   require_supported(shape);
-  const tiling::BwdScratch layout = bwd_layout(shape, dq_blocks, dkdv_blocks, kernel);
-  return static_cast<size_t>(tiling::align_scratch((layout.dkdv_ctas + layout.dq_ctas) * tiling::kWorkItemBytes));
+  return static_cast<size_t>(bwd_layout(shape, dq_blocks, dkdv_blocks, kernel).kept_bytes);
 }
 
 TileShape fwd_tile_shape(const AttentionShape& shape, FwdKernel kernel) {

@@ -34,6 +34,8 @@ struct BwdScratch {
   float2* row_stats = nullptr;          //!< [B, H, q_pad]: (lse * log2e, delta)
   QueryMaskRow* mask_rows = nullptr;    //!< [q_pad]
   WorkItem* schedule = nullptr;         //!< one per CTA of the main launch
+  unsigned char* key_bits = nullptr;    //!< the dK/dV partial steps' mask bits (mask_bits.cuh)
+  uint64_t* row_bits = nullptr;         //!< the dQ partial steps' mask bits (the forward's format)
   int32_t q_pad = 0;                    //!< q_len rounded up to 128 (every tiling's padded rows)
   float* dq_accum = nullptr;            //!< wgmma_atomic only: [B, H, q_pad, D] fp32 dQ sums (unscaled)
 };

@@ -39,6 +39,7 @@
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/fwd_kernel.cuh"
 #include "kernels/cuda/hopper_utils.cuh"
+#include "kernels/cuda/mask_bits.cuh"
 #include "kernels/cuda/mask_device.cuh"
 #include "kernels/cuda/tile_math.cuh"
 #include "kernels/cuda/wgmma_ops.cuh"
@@ -85,6 +86,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t s_dq = smem + Cfg::kOffDq;  // dQ: kRows x kHeadDim fp32, chunk-swizzled
   const uint32_t s_stats = smem + Cfg::kOffStats;
   const uint32_t s_masks = smem + Cfg::kOffMasks;
+  const uint32_t s_bits = smem + Cfg::kOffBits;
   const BwdBarriers<kStages> bar{smem + Cfg::kOffBarriers};
   // The dQ tile: written (every consumer thread arrives) / read by the reduction (the reducer).
   const uint32_t dq_full = bar.base + 8u * (1 + 3 * kStages);
@@ -153,7 +155,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbarrier_wait(bar.empty(stage), ((step / kStages) & 1) ^ 1);
       const uint32_t q_stage = s_q + stage * Cfg::kQBytes;
       const uint32_t do_stage = s_do + stage * Cfg::kQBytes;
-      mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kQBytes + kRows * 8 + block_m * 32);
+      // A partial step within the table's slots also copies its keys' mask bits.
+      const int slot = step % num_q_blocks;
+      const bool bits = slot < num_partial && slot < tiling::kBwdMaskBitSlots;
+      const int bits_bytes = kKeys * (block_m / 8);
+      mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kQBytes + kRows * 8 + block_m * 32 + (bits ? bits_bytes : 0));
 #pragma unroll
       for (int half = 0; half < kHalves; ++half) {
         tma_load_4d(q_stage + half * kRows * 128, &maps.q_dkdv, bar.first(stage), half * 64, q0, head0, batch);
@@ -164,6 +170,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                   block_m * 8, bar.first(stage));
       }
       bulk_load(s_masks + stage * kRows * 32, scratch.mask_rows + q0, block_m * 32, bar.first(stage));
+      if (bits) {
+        bulk_load(s_bits + stage * kKeys * 8,
+                  scratch.key_bits + (static_cast<int64_t>(kv_block) * tiling::kBwdMaskBitSlots + slot) * bits_bytes,
+                  bits_bytes, bar.first(stage));
+      }
       mbarrier_arrive_expect_tx(bar.second(stage), Cfg::kQBytes);
 #pragma unroll
       for (int half = 0; half < kHalves; ++half) {
@@ -212,7 +223,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // S^T: this consumer's 64 keys x 64 query rows (issued by the step before).
     wgmma_wait<0>();
     fence_registers(st);
-    if (step % num_q_blocks < num_partial) mask_scores_transposed<kRows>(st, masks, block_m - 1, my_doc, my_kv);
+    if (const int slot = step % num_q_blocks; slot < num_partial) {
+      mask_partial_step_transposed<kRows>(st, slot, s_bits + stage * kKeys * 8, masks, block_m, my_doc, my_kv, kv0);
+    }
     probabilities_transposed<kRows>(st, stats, scale_log2);
     uint32_t pt[kRows / 16][4];
     to_a_fragments<kRows / 16>(pt, st);

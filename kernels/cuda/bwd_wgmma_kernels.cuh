@@ -26,6 +26,7 @@
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/fwd_kernel.cuh"
 #include "kernels/cuda/hopper_utils.cuh"
+#include "kernels/cuda/mask_bits.cuh"
 #include "kernels/cuda/mask_device.cuh"
 #include "kernels/cuda/tile_math.cuh"
 #include "kernels/cuda/wgmma_ops.cuh"
@@ -122,7 +123,8 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const Bw
   const uint32_t s_do = s_q + kStages * Cfg::kDkdvQBytes;      // kStages dO tiles
   const uint32_t s_stats = s_do + kStages * Cfg::kDkdvQBytes;  // kStages x kRows float2
   const uint32_t s_masks = s_stats + kStages * kRows * 8;      // kStages x kRows QueryMaskRow
-  const BwdBarriers<kStages> bar{s_masks + kStages * kRows * 32};
+  const uint32_t s_bits = s_masks + kStages * kRows * 32;      // kStages x kKeys mask bit entries
+  const BwdBarriers<kStages> bar{s_bits + kStages * kKeys * 8};
 
   const BlockListParams& blocks = p.dkdv_blocks;
   const int block_m = blocks.block_m;
@@ -155,7 +157,11 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const Bw
       const uint32_t q_stage = s_q + stage * Cfg::kDkdvQBytes;
       const uint32_t do_stage = s_do + stage * Cfg::kDkdvQBytes;
       // First: Q, the rows' (lse2, delta) (block_m per head, contiguous) and the positions' mask rows.
-      mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kDkdvQBytes + kRows * 8 + block_m * 32);
+      // A partial step within the table's slots also copies its keys' mask bits.
+      const int slot = step % num_q_blocks;
+      const bool bits = slot < num_partial && slot < tiling::kBwdMaskBitSlots;
+      const int bits_bytes = kKeys * (block_m / 8);
+      mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kDkdvQBytes + kRows * 8 + block_m * 32 + (bits ? bits_bytes : 0));
 #pragma unroll
       for (int half = 0; half < kHalves; ++half) {
         tma_load_4d(q_stage + half * kRows * 128, &maps.q_dkdv, bar.first(stage), half * 64, q0, head0, batch);
@@ -166,6 +172,11 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const Bw
                   block_m * 8, bar.first(stage));
       }
       bulk_load(s_masks + stage * kRows * 32, scratch.mask_rows + q0, block_m * 32, bar.first(stage));
+      if (bits) {
+        bulk_load(s_bits + stage * kKeys * 8,
+                  scratch.key_bits + (static_cast<int64_t>(kv_block) * tiling::kBwdMaskBitSlots + slot) * bits_bytes,
+                  bits_bytes, bar.first(stage));
+      }
       // Second: dO.
       mbarrier_arrive_expect_tx(bar.second(stage), Cfg::kDkdvQBytes);
 #pragma unroll
@@ -212,7 +223,9 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const Bw
     wgmma_wait<1>();  // S^T is in; dP^T runs on
     fence_registers(st);
     // Mask rows are per query position: column c (head c / block_m) reads position c % block_m.
-    if (step % num_q_blocks < num_partial) mask_scores_transposed<kRows>(st, masks, block_m - 1, my_doc, my_kv);
+    if (const int slot = step % num_q_blocks; slot < num_partial) {
+      mask_partial_step_transposed<kRows>(st, slot, s_bits + stage * kKeys * 8, masks, block_m, my_doc, my_kv, kv0);
+    }
     // P^T, kept as the bf16 A fragments of dV += P^T dO (dS^T below uses the same rounded values).
     probabilities_transposed<kRows>(st, stats, scale_log2);
     uint32_t pt[kRows / 16][4];
@@ -324,6 +337,14 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
   const int kv_len = p.shape.kv_len;
   const uint32_t q_rows = s_q + consumer * 64 * 128;
   const uint32_t do_rows = s_do + consumer * 64 * 128;
+  // The first partial steps' mask bits (mask_bits.cuh, the forward's table at this tiling), loaded
+  // before the step's products are issued and applied once S is in.
+  static_assert(kBlockN == 64, "one table word per row and step");
+  const uint64_t* table_row[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    table_row[i] = scratch.row_bits + static_cast<int64_t>(q_block) * tiling::kMaskBitSlots * block_m + (my_row[i] & (block_m - 1));
+  }
 
   float acc_dq[kHeadDim / 8][4] = {};
   int kv_block = kv_block_at(0);
@@ -338,6 +359,9 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
     // S = Q K^T and dP = dO V^T, issued together.
     float s[kBlockN / 8][4];
     float dp[kBlockN / 8][4];
+    const bool table = step < num_partial && step < tiling::kMaskBitSlots;
+    uint64_t keep = 0;
+    if (table) keep = keep_bits_from_table<kBlockN>(table_row[0] + step * block_m, table_row[1] + step * block_m);
     mbarrier_wait(bar.first(stage), parity);
     wgmma_fence();
 #pragma unroll
@@ -358,7 +382,11 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
     wgmma_wait<1>();  // S is in; dP may still run
     fence_registers(s);
     const int kv0 = kv_block * kBlockN;
-    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
+    if (table) {
+      apply_keep_bits<kBlockN>(s, keep);
+    } else if (step < num_partial || kv0 + kBlockN > kv_len) {
+      mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
+    }
     probabilities<kBlockN>(s, row_lse2, scale_log2);
     wgmma_wait<0>();
     fence_registers(dp);

@@ -327,13 +327,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
         }
         return keep;
       };
-      auto apply_keep = [&](STile& s, uint64_t keep) {
-#pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[j][e] = (keep >> keep_bit(j, e)) & 1 ? s[j][e] : -INFINITY;
-        }
-      };
+      auto apply_keep = [&](STile& s, uint64_t keep) { apply_keep_bits<kBlockN>(s, keep); };
       // Turn `step` (1 <= step < n): S_step and P V of step - 1, in FlashAttention-3's order. The
       // softmax's rescale of O is lazy (online_softmax_scores_lazy): O takes the factor once P V is
       // in, at the end of the turn, and only when a row's max moved, in a warp-uniform branch while

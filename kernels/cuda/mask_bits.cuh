@@ -9,6 +9,13 @@
 //   table[q_block][slot][position][word], slot < tiling::kMaskBitSlots of the q block's partial
 //   list (its first slots: the list's order is the BlockMask's), word w of 64 bits for keys
 //   kv_block * block_n + 64 w + c.
+// The backward's dK/dV kernels (wgmma, wgmma_atomic) do the same for their transposed tiles (keys
+// as rows, a step's 64 query rows as columns):
+//   key_bits[kv_block][slot][key], slot < tiling::kBwdMaskBitSlots of the kv block's partial q
+//   list, block_m bits (2, 4 or 8 bytes): bit p = position p of the slot's q block sees the key;
+// the producer copies a partial step's 128 entries into shared memory with its Q, and a consumer
+// repeats a key's entry across the step's 64 columns (column c is position c % block_m: the
+// packed heads share the mask).
 // A consumer thread holds two rows (r and r + 8 of its warp's 16) and, of each n8 chunk j of the
 // tile, columns 8 j + 2 (lane % 4) + {0, 1}. keep_bit(j, e) numbers its scores within one 64-bit
 // word: (M >> 2 (lane % 4)) & 0x0303... puts a row's two columns of chunk j at bits 8 j, 8 j + 1;
@@ -18,6 +25,7 @@
 
 #include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/mask_device.cuh"
+#include "kernels/cuda/tile_math.cuh"
 #include "kernels/cuda/tiling.h"
 
 namespace harness::kernels::cuda::device {
@@ -50,21 +58,88 @@ __global__ void build_fwd_mask_bits_kernel(const MaskParams mask, const BlockLis
   }
 }
 
+//! One thread per (kv block, slot, key) entry of the backward's table; slots past the kv block's
+//! partial count are not written (never read).
+__global__ void build_bwd_key_bits_kernel(const MaskParams mask, const BlockListParams blocks, unsigned char* __restrict__ bits) {
+  const int64_t per_block = tiling::kBwdMaskBitSlots * blocks.block_n;
+  const int64_t total = per_block * blocks.num_kv_blocks;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int kv_block = static_cast<int>(i / per_block);
+    const int slot = static_cast<int>(i % per_block / blocks.block_n);
+    if (slot >= __ldg(blocks.q_num_blocks + kv_block)) continue;
+    const int q_block = __ldg(blocks.q_indices + static_cast<int64_t>(kv_block) * blocks.num_q_blocks + slot);
+    const int kv = kv_block * blocks.block_n + static_cast<int>(i % blocks.block_n);
+    const int32_t doc = key_doc(mask, kv);
+    uint64_t sees = 0;  // bit p: position p of the q block (block_m is 16, 32 or 64)
+    for (int position = 0; position < blocks.block_m && position < 64; ++position) {
+      if (visible(query_mask(mask, q_block * blocks.block_m + position), doc, kv)) sees |= uint64_t{1} << position;
+    }
+    unsigned char* entry = bits + i * (blocks.block_m / 8);
+    if (blocks.block_m == 16) {
+      *reinterpret_cast<uint16_t*>(entry) = static_cast<uint16_t>(sees);
+    } else if (blocks.block_m == 32) {
+      *reinterpret_cast<uint32_t*>(entry) = static_cast<uint32_t>(sees);
+    } else {
+      *reinterpret_cast<uint64_t*>(entry) = sees;
+    }
+  }
+}
+
+//! Key `key`'s entry of a step's 128 (in shared memory, block_m / 8 bytes each) repeated over the
+//! step's 64 columns: bit c = position c % block_m. Reads the aligned 8 bytes that hold it.
+__device__ __forceinline__ uint64_t key_columns(const unsigned char* entries, int key, int block_m) {
+  const int byte = key * (block_m >> 3);
+  uint64_t w = *reinterpret_cast<const uint64_t*>(entries + (byte & ~7)) >> ((byte & 7) * 8);
+  if (block_m < 64) w &= (uint64_t{1} << block_m) - 1;
+  if (block_m == 16) w |= w << 16;
+  if (block_m <= 32) w |= w << 32;
+  return w;
+}
+
+//! This thread's keep word from its two rows' words (bit c = column c of the tile's first 64).
+__device__ __forceinline__ uint64_t keep_bits_of_words(uint64_t row0, uint64_t row1) {
+  constexpr uint64_t kPairs = 0x0303030303030303ull;
+  const int shift = 2 * (static_cast<int>(threadIdx.x) & 3);
+  return ((row0 >> shift) & kPairs) | (((row1 >> shift) & kPairs) << 2);
+}
+
 //! This thread's keep word of a partial block from its two rows' entries (`row0`, `row1`: the
 //! slot's words of the row's position).
 template <int kBlockN>
 __device__ __forceinline__ uint64_t keep_bits_from_table(const uint64_t* row0, const uint64_t* row1) {
   static_assert(kBlockN == 64 || kBlockN == 128, "one or two words per row");
-  constexpr uint64_t kPairs = 0x0303030303030303ull;
-  const int shift = 2 * (static_cast<int>(threadIdx.x) & 3);
   uint64_t keep = 0;
 #pragma unroll
-  for (int w = 0; w < kBlockN / 64; ++w) {
-    const uint64_t a = (__ldg(row0 + w) >> shift) & kPairs;
-    const uint64_t b = (__ldg(row1 + w) >> shift) & kPairs;
-    keep |= (a | (b << 2)) << (4 * w);
-  }
+  for (int w = 0; w < kBlockN / 64; ++w) keep |= keep_bits_of_words(__ldg(row0 + w), __ldg(row1 + w)) << (4 * w);
   return keep;
+}
+
+//! -inf where the keep word's bit is clear.
+template <int kCols>
+__device__ __forceinline__ void apply_keep_bits(float (&s)[kCols / 8][4], uint64_t keep) {
+  static_assert(kCols / 2 <= 64, "one bit per score of this thread");
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = (keep >> keep_bit(j, e)) & 1 ? s[j][e] : -INFINITY;
+  }
+}
+
+//! The mask of a partial dK/dV step (partial slot `slot` of the kv block's list) on S^T: from the
+//! table's entries the producer copied to `s_entries` when the slot is within the table, else per
+//! score from the positions' mask rows.
+template <int kRows>
+__device__ __forceinline__ void mask_partial_step_transposed(float (&st)[kRows / 8][4], int slot, uint32_t s_entries,
+                                                             const QueryMaskRow* masks, int block_m, const int32_t (&my_doc)[2],
+                                                             const int (&my_kv)[2], int kv0) {
+  if (slot < tiling::kBwdMaskBitSlots) {
+    const auto* entries = reinterpret_cast<const unsigned char*>(__cvta_shared_to_generic(s_entries));
+    apply_keep_bits<kRows>(st, keep_bits_of_words(key_columns(entries, my_kv[0] - kv0, block_m),
+                                                  key_columns(entries, my_kv[1] - kv0, block_m)));
+  } else {
+    mask_scores_transposed<kRows>(st, masks, block_m - 1, my_doc, my_kv);
+  }
 }
 
 }  // namespace harness::kernels::cuda::device

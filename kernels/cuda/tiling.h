@@ -86,13 +86,27 @@ constexpr int64_t fwd_scratch_bytes(int64_t batch, int64_t heads, int64_t kv_hea
          align_scratch(fwd_mask_bits_bytes(heads, kv_heads, num_q_blocks, kernel));
 }
 
+//! Partial q blocks per kv block whose mask bits the backward's table holds (mask_bits.cuh):
+//! the first kBwdMaskBitSlots of a kv block's partial list; the rest are evaluated per score.
+constexpr int64_t kBwdMaskBitSlots = 16;
+//! The backward's key bit table: per dK/dV kv block, slot and key of the block, block_m bits (one
+//! per query position of the slot's q block: 2, 4 or 8 bytes).
+constexpr int64_t bwd_key_bits_bytes(int64_t dkdv_num_kv_blocks, int64_t block_m) {
+  return dkdv_num_kv_blocks * kBwdMaskBitSlots * BwdDkdvConfig<128>::kBlockN * (block_m / 8);
+}
+
 //! Backward scratch, in order: per-(batch, head, padded q row) statistics, per padded q row mask
-//! rows, then the merged schedule (dK/dV CTAs first, then dQ CTAs), then for wgmma_atomic its fp32
-//! dQ accumulator [B, H, q_pad, D]. Offsets are from the start.
+//! rows, then the merged schedule (dK/dV CTAs first, then dQ CTAs), the key bit table and the row
+//! bit table (all three kept with the mask when the caller keeps schedules: `kept_bytes` from
+//! `schedule` on), then for
+//! wgmma_atomic its fp32 dQ accumulator [B, H, q_pad, D]. Offsets are from the start.
 struct BwdScratch {
   int64_t row_stats = 0;  //!< offset of the float2 row statistics
   int64_t mask_rows = 0;  //!< offset of the QueryMaskRows
   int64_t schedule = 0;   //!< offset of the WorkItems
+  int64_t key_bits = 0;   //!< offset of the key bit table
+  int64_t row_bits = 0;   //!< offset of the dQ tiles' row bit table (the forward's format at the dQ tiling)
+  int64_t kept_bytes = 0; //!< schedule and key bit table: what a kept schedule holds
   int64_t dq_accum = 0;        //!< offset of the fp32 dQ accumulator (wgmma_atomic)
   int64_t dq_accum_bytes = 0;  //!< its size; 0 for the deterministic kernels
   int64_t bytes = 0;      //!< total
@@ -109,7 +123,11 @@ constexpr BwdScratch bwd_scratch(int64_t batch, int64_t heads, int64_t kv_heads,
   layout.row_stats = 0;
   layout.mask_rows = align_scratch(batch * heads * q_pad * kRowStatBytes);
   layout.schedule = layout.mask_rows + align_scratch(q_pad * kQueryMaskRowBytes);
-  layout.dq_accum = layout.schedule + align_scratch((layout.dkdv_ctas + layout.dq_ctas) * kWorkItemBytes);
+  layout.key_bits = layout.schedule + align_scratch((layout.dkdv_ctas + layout.dq_ctas) * kWorkItemBytes);
+  layout.row_bits = layout.key_bits + align_scratch(bwd_key_bits_bytes(dkdv_num_kv_blocks, bwd_dkdv_tile(heads, kv_heads).block_m));
+  layout.dq_accum = layout.row_bits + align_scratch(dq_num_q_blocks * kMaskBitSlots * bwd_dq_tile(heads, kv_heads).block_m *
+                                                    (BwdDqConfig<128>::kBlockN / 64) * 8);
+  layout.kept_bytes = layout.dq_accum - layout.schedule;
   layout.dq_accum_bytes = batch * heads * q_pad * dq_accum_head_dim * 4;
   layout.bytes = layout.dq_accum + align_scratch(layout.dq_accum_bytes);
   return layout;
