@@ -16,6 +16,7 @@
 #             measures it against the kernels' back-to-back time (harness_bench_attention)
 #   ncu       scripts/ncu_kernels.sh: Nsight Compute on the fwd/bwd kernels (NCU_CASES)
 #   bench     bench/attention_vs_flex.py (CASES, PEERS, BUDGET_S)
+#   peaks     bwd_fusion's fused peaks that the memory model's test checks (not in the default STEPS)
 # A carried .whl/fa4-part1 (half of flash-attn-4's wheels) is copied to /tmp/fa4-part1 whatever
 # the steps, so that the next call on this warm machine can carry the other half.
 set -uo pipefail
@@ -73,6 +74,16 @@ if want bwd; then
   "$h" run bwd_fusion --device cuda:0 --db "$out/h200.db" --set variants.fused.deterministic=true \
     --set variants.fused.kernel.fwd=wgmma_m64_n64 2>&1 | tee "$out/bwd_fusion_det.txt" | tail -22
   "$h" show 2 --db "$out/h200.db" 2>&1 | grep -A12 'dispatch' | head -16
+fi
+if want peaks; then
+  # The peaks tests/test_memory_model.cpp checks the model against: bwd_fusion with the
+  # deterministic backward, at the spec's dims and at 512 anchors x 5 layers.
+  step "memory peaks (bwd_fusion, deterministic backward)"
+  for dims in "" "--set dims.anchors=512 --set dims.layers=5"; do
+    # shellcheck disable=SC2086
+    "$h" run bwd_fusion --device cuda:0 --db "$out/peaks.db" --set variants.fused.deterministic=true $dims 2>&1 |
+      tee -a "$out/peaks.txt" | grep -E "peak|verdict|dispatch" | head -12
+  done
 fi
 if want python; then
   step "python: pytest tests/python on CUDA"

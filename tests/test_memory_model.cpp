@@ -52,8 +52,9 @@ bool prints_as(int64_t bytes, double shown, double unit, int digits) {
 
 TEST_CASE("model reproduces the peaks measured on the H200 at the real dims", "[memory_model]") {
   // docs/BENCHMARKS.md, bwd_fusion on the H200 (128 anchors, 1 layer): dense fwd 5.57 GiB, bwd 7.42 GiB;
-  // fused fwd 16.3 MiB, bwd 56.6 MiB. At 512 anchors and 5 layers: fused fwd 325 MiB, bwd 638 MiB.
-  // Measured with the deterministic wgmma backward, the default of that session's build.
+  // fused fwd 16.3 MiB, bwd 56.9 MiB. At 512 anchors and 5 layers: fused fwd 325 MiB, bwd 639 MiB.
+  // Measured with the deterministic wgmma backward (`STEPS=peaks scripts/h200_carried.sh`, session
+  // 15: the backward's kept schedules now hold the mask bit tables, +0.3 / +1 MiB).
   mm::ModelOptions measured_kernels;
   measured_kernels.cuda_bwd_kernel = "wgmma";
   const Spec one = real();
@@ -62,11 +63,11 @@ TEST_CASE("model reproduces the peaks measured on the H200 at the real dims", "[
   CHECK(prints_as(dense.fwd_peak_bytes, 5.57, kGiB, 2));
   CHECK(prints_as(dense.bwd_peak_bytes, 7.42, kGiB, 2));
   CHECK(prints_as(fused.fwd_peak_bytes, 16.3, kMiB, 1));
-  CHECK(prints_as(fused.bwd_peak_bytes, 56.6, kMiB, 1));
+  CHECK(prints_as(fused.bwd_peak_bytes, 56.9, kMiB, 1));
   const Spec big = real({"dims.anchors=512", "dims.layers=5"});
   const auto fused_big = mm::predict(big, "fused", "cuda", measured_kernels);
   CHECK(prints_as(fused_big.fwd_peak_bytes, 325, kMiB, 0));
-  CHECK(prints_as(fused_big.bwd_peak_bytes, 638, kMiB, 0));
+  CHECK(prints_as(fused_big.bwd_peak_bytes, 639, kMiB, 0));
 }
 
 TEST_CASE("dense: one score tensor is H·Q·KV·4 and the peaks are made of them", "[memory_model]") {
