@@ -263,6 +263,23 @@ TEST_CASE("the overlapped forwards take partial blocks' bits from the table and 
   }
 }
 
+TEST_CASE("the dK/dV kernels take partial steps' bits from the table and evaluate those past it", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  // 96 anchors in documents of 1000 and 1048 keys: the 128-key block where the second document
+  // starts (key 1000, mid-block) is partial for every draft block anchored in that document after
+  // it (their rows see only the keys from the document's start), far more than the table's
+  // kBwdMaskBitSlots. (With the boundary on a block edge, as in 1024 + 1024, the most is 11.)
+  namespace kc = harness::kernels::cuda;
+  const Case c = make_case("dflash, 96 anchors, documents 1000/1048", 1, 8, 2, 128, 96, 2048, dflash(2, {1000, 1048}));
+  MaskContext mask(c.mask);
+  const kc::AttentionShape shape{1, 8, 2, static_cast<int32_t>(c.mask.q_len), static_cast<int32_t>(c.mask.kv_len), 128};
+  const kc::TileShape tile = kc::bwd_dkdv_tile_shape(shape);
+  const int64_t most_partial = mask.block_mask(tile.block_m, tile.block_n, at::Device(at::kCUDA)).q_num_blocks.max().item<int64_t>();
+  INFO("at most " << most_partial << " partial q blocks per kv block");
+  CHECK(most_partial > kc::tiling::kBwdMaskBitSlots);
+  check_against_dense(c, 60, {{"", "wgmma"}, {"", "wgmma_atomic"}}, {}, /*calls=*/2);
+}
+
 // Hidden (run it by its tag, [sinks_hd64]): measured on the H200 in session 12, this case misses
 // the tolerance on dq only, by 5% (err 0.154 against 0.146 allowed), with the three 64-key
 // forwards that rescale lazily (wgmma_m128_n64, wgmma_m64_n64, wgmma_m64_n64_overlap: the same

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/block_mask.h"
+#include "kernels/cuda/tiling.h"
 #include "tests/catch.h"
 #include "tests/mask_cases.h"
 
@@ -184,4 +185,39 @@ TEST_CASE("BlockMask::to copies every list, bad block sizes are rejected", "[blo
     message = error.what();
   }
   CHECK(message.find("block sizes must be >= 1") != std::string::npos);
+}
+
+// The premises of the two [cuda] cases that check the kernels' fallback past the mask bit tables
+// (tests/test_attention_cuda.cpp): their BlockMasks, at the kernels' tilings, have lists longer
+// than the tables' slots. Checked here, on the CPU, so that a case cannot silently stop covering
+// the fallback (session 15's first version of the dK/dV case had at most 11 of 16).
+TEST_CASE("the mask bit tables' fallback cases have lists longer than the tables", "[blockmask]") {
+  namespace tiling = harness::kernels::cuda::tiling;
+  auto dflash_mask = [](int64_t anchors, int64_t context, int64_t documents, std::vector<int64_t> lengths) {
+    AttentionGeometry geometry;
+    geometry.anchors = anchors;
+    geometry.block_size = 16;
+    geometry.context = context;
+    MaskDesc desc;
+    desc.kind = MaskKind::dflash;
+    desc.documents = documents;
+    desc.doc_lengths = std::move(lengths);
+    desc.seed = 7;
+    return resolve_mask(desc, geometry);
+  };
+  auto most = [](const at::Tensor& counts) { return counts.max().item<int64_t>(); };
+  // Forward: one query head per kv head, the overlapped kernels' tilings.
+  for (const int64_t context : {1664, 1500}) {
+    const ResolvedMask mask = dflash_mask(24, context, 5, {});
+    for (const auto kernel : {harness::kernels::cuda::FwdKernel::wgmma_m64_n64_overlap,
+                              harness::kernels::cuda::FwdKernel::wgmma_m128_n128_pingpong}) {
+      const tiling::Tile tile = tiling::fwd_tile(4, 4, kernel);
+      INFO("context " << context << ", tile " << tile.block_m << "x" << tile.block_n);
+      CHECK(most(build_block_mask(mask, tile.block_m, tile.block_n).kv_num_blocks) > tiling::kMaskBitSlots);
+    }
+  }
+  // dK/dV: 8 heads on 2 kv heads, the second document starting mid-block.
+  const tiling::Tile tile = tiling::bwd_dkdv_tile(8, 2);
+  CHECK(most(build_block_mask(dflash_mask(96, 2048, 2, {1000, 1048}), tile.block_m, tile.block_n).q_num_blocks) >
+        tiling::kBwdMaskBitSlots);
 }
