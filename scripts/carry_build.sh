@@ -12,6 +12,10 @@ for b in harness/harness tests/harness_unit_tests tests/harness_torch_tests test
          kernels/cuda/harness_attention_selftest; do
   [[ -f $build/$b ]] && strip -o "$root/.gpu/bin/$(basename "$b")" "$build/$b"
 done
+# The commit the binaries were built from (-dirty: tracked files differed), for the bench's header.
+commit=$(git -C "$root" rev-parse --short HEAD)
+[[ -z "$(git -C "$root" status --porcelain --untracked-files=no)" ]] || commit="$commit-dirty"
+echo "$commit" >"$root/.gpu/bin/git_commit"
 cp -L /lib/x86_64-linux-gnu/libspdlog.so.1.10 /lib/x86_64-linux-gnu/libfmt.so.9 "$root/.gpu/lib/"
 grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >>"$(git -C "$root" rev-parse --git-path info/exclude)"
 du -sh "$root/.gpu/bin" "$root/.gpu/lib"

@@ -50,6 +50,8 @@ for t in harness_bench_attention harness_mask_describe; do [[ -f .gpu/bin/$t ]] 
 torch_lib=$(python3 -c 'import torch,os;print(os.path.join(os.path.dirname(torch.__file__),"lib"))')
 export LD_LIBRARY_PATH=$root/.gpu/lib:$torch_lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export BUILD_DIR=$build OUT=$out
+# The carried binaries' commit (scripts/carry_build.sh), for the bench's header.
+[[ -f .gpu/bin/git_commit ]] && export HARNESS_BINARIES_COMMIT=$(cat .gpu/bin/git_commit)
 h=$build/harness/harness
 "$h" env --device cuda:0 >"$out/env.txt" 2>&1
 if [[ -d .whl/fa4-part1 ]]; then rm -rf /tmp/fa4-part1 && cp -r .whl/fa4-part1 /tmp/fa4-part1 && echo "fa4-part1 kept in /tmp"; fi
