@@ -481,15 +481,18 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   const int64_t prep_ctas = (rows + PrepCfg::kRowsPerCta - 1) / PrepCfg::kRowsPerCta;
   launch_kernel_after(true, device::attention_bwd_prep_kernel<PrepCfg>, "attention_bwd_prep_kernel", prep_ctas,
                       PrepCfg::kThreads, 0, stream, params, scratch);
-  // The dK/dV partial steps' mask bits (mask_bits.cuh), kept with the schedule like it.
-  if (!params.schedule.built() && params.kernel != BwdKernel::mma && params.dkdv_blocks.num_kv_blocks > 0) {
+  // The partial steps' mask bits (mask_bits.cuh), kept with the schedule like it: the dK/dV
+  // kernels' and the deterministic dQ tile's. Built whatever the kernel, since the merged schedule's
+  // buffer is shared by wgmma and mma (mma reads no table, but whichever of the two builds the
+  // schedule first must leave the tables for the other).
+  if (!params.schedule.built() && params.dkdv_blocks.num_kv_blocks > 0) {
     const int64_t entries = params.dkdv_blocks.num_kv_blocks * tiling::kBwdMaskBitSlots * params.dkdv_blocks.block_n;
     constexpr int kThreads = 256;
     launch_kernel(device::build_bwd_key_bits_kernel, "build_bwd_key_bits_kernel",
                   std::min<int64_t>(tiling::ceil_div(entries, kThreads), 4096), kThreads, 0, stream, params.mask,
                   params.dkdv_blocks, scratch.key_bits);
   }
-  if (!params.schedule.built() && params.kernel == BwdKernel::wgmma && params.dq_blocks.num_q_blocks > 0) {
+  if (!params.schedule.built() && params.kernel != BwdKernel::wgmma_atomic && params.dq_blocks.num_q_blocks > 0) {
     const int64_t entries = params.dq_blocks.num_q_blocks * tiling::kMaskBitSlots * params.dq_blocks.block_m *
                             (params.dq_blocks.block_n / 64);
     constexpr int kThreads = 256;
