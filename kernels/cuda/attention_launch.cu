@@ -299,15 +299,19 @@ uint64_t* fwd_mask_bits(const FwdParams& params) {
       base + tiling::fwd_mask_bits_offset(s.batch, s.heads, s.kv_heads, params.blocks.num_q_blocks, params.kernel));
 }
 
-//! Fills the mask bit table (mask_bits.cuh) of a forward whose kernel reads one.
-void launch_fwd_mask_bits(const FwdParams& params, cudaStream_t stream) {
-  uint64_t* bits = fwd_mask_bits(params);
-  if (bits == nullptr) return;
-  const int64_t entries = params.blocks.num_q_blocks * tiling::kMaskBitSlots * params.blocks.block_m * (params.blocks.block_n / 64);
+//! Launches one of mask_bits.cuh's table kernels: one thread per entry, grid-strided past 4096 CTAs.
+template <typename Bits>
+void launch_mask_bits_kernel(void (*kernel)(MaskParams, BlockListParams, Bits*), const char* name, int64_t entries,
+                             const MaskParams& mask, const BlockListParams& blocks, Bits* bits, cudaStream_t stream) {
   constexpr int kThreads = 256;
-  const int64_t ctas = std::min<int64_t>(tiling::ceil_div(entries, kThreads), 4096);
-  launch_kernel(device::build_fwd_mask_bits_kernel, "build_fwd_mask_bits_kernel", ctas, kThreads, 0, stream, params.mask,
-                params.blocks, bits);
+  launch_kernel(kernel, name, std::min<int64_t>(tiling::ceil_div(entries, kThreads), 4096), kThreads, 0, stream, mask, blocks,
+                bits);
+}
+
+//! Fills the row bit table of a blocks' tiling (the forward's format, mask_bits.cuh).
+void launch_row_bits(const MaskParams& mask, const BlockListParams& blocks, uint64_t* bits, cudaStream_t stream) {
+  launch_mask_bits_kernel(device::build_fwd_mask_bits_kernel, "build_fwd_mask_bits_kernel",
+                          tiling::mask_bit_words(blocks.num_q_blocks, blocks.block_m, blocks.block_n), mask, blocks, bits, stream);
 }
 
 template <class Cfg>
@@ -407,7 +411,7 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
     if (params.schedule.items) HARNESS_CUDA_CHECK(cudaMemsetAsync(fwd_item_counter(params, ctas), 0, sizeof(int), stream));
     // The partial blocks' mask bits, kept with the schedule (they depend on the mask and the
     // tiling only).
-    launch_fwd_mask_bits(params, stream);
+    if (uint64_t* bits = fwd_mask_bits(params)) launch_row_bits(params.mask, params.blocks, bits, stream);
   }
   if (params.kernel == FwdKernel::mma_m128_n64) return launch_fwd_mma<FwdConfig<kHeadDim>>(params, schedule, ctas, stream);
   const bool launched = with_wgmma_fwd_config<kHeadDim>(params.kernel, [&](auto wgmma) {
@@ -486,19 +490,12 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   // buffer is shared by wgmma and mma (mma reads no table, but whichever of the two builds the
   // schedule first must leave the tables for the other).
   if (!params.schedule.built() && params.dkdv_blocks.num_kv_blocks > 0) {
-    const int64_t entries = params.dkdv_blocks.num_kv_blocks * tiling::kBwdMaskBitSlots * params.dkdv_blocks.block_n;
-    constexpr int kThreads = 256;
-    launch_kernel(device::build_bwd_key_bits_kernel, "build_bwd_key_bits_kernel",
-                  std::min<int64_t>(tiling::ceil_div(entries, kThreads), 4096), kThreads, 0, stream, params.mask,
-                  params.dkdv_blocks, scratch.key_bits);
+    launch_mask_bits_kernel(device::build_bwd_key_bits_kernel, "build_bwd_key_bits_kernel",
+                            params.dkdv_blocks.num_kv_blocks * tiling::kBwdMaskBitSlots * params.dkdv_blocks.block_n, params.mask,
+                            params.dkdv_blocks, scratch.key_bits, stream);
   }
   if (!params.schedule.built() && params.kernel != BwdKernel::wgmma_atomic && params.dq_blocks.num_q_blocks > 0) {
-    const int64_t entries = params.dq_blocks.num_q_blocks * tiling::kMaskBitSlots * params.dq_blocks.block_m *
-                            (params.dq_blocks.block_n / 64);
-    constexpr int kThreads = 256;
-    launch_kernel(device::build_fwd_mask_bits_kernel, "build_fwd_mask_bits_kernel",
-                  std::min<int64_t>(tiling::ceil_div(entries, kThreads), 4096), kThreads, 0, stream, params.mask,
-                  params.dq_blocks, scratch.row_bits);
+    launch_row_bits(params.mask, params.dq_blocks, scratch.row_bits, stream);
   }
 
   if (params.kernel == BwdKernel::wgmma_atomic) {

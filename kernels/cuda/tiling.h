@@ -65,13 +65,17 @@ constexpr int64_t fwd_ctas(int64_t batch, int64_t heads, int64_t kv_heads, int64
 //! Partial kv blocks per q block whose mask bits the table holds (mask_bits.cuh): the first
 //! kMaskBitSlots of a q block's partial list; a q block with more evaluates the rest per score.
 constexpr int64_t kMaskBitSlots = 4;
+//! 64-bit words of a row bit table (the forward's format: mask_bits.cuh) at a tiling.
+constexpr int64_t mask_bit_words(int64_t num_q_blocks, int64_t block_m, int64_t block_n) {
+  return num_q_blocks * kMaskBitSlots * block_m * (block_n / 64);
+}
 //! Forward mask bit table (kernels with fwd_kernel_reads_mask_bits): per q block, slot and query
 //! position of the block, block_n / 64 words of 64 bits, bit c of word w = key 64 w + c of the
 //! slot's kv block visible.
 constexpr int64_t fwd_mask_bits_bytes(int64_t heads, int64_t kv_heads, int64_t num_q_blocks, FwdKernel kernel) {
   if (!fwd_kernel_reads_mask_bits(kernel)) return 0;
   const Tile tile = fwd_tile(heads, kv_heads, kernel);
-  return num_q_blocks * kMaskBitSlots * tile.block_m * (tile.block_n / 64) * 8;
+  return mask_bit_words(num_q_blocks, tile.block_m, tile.block_n) * 8;
 }
 //! Offset of the mask bit table: after the schedule and the counter's slot.
 constexpr int64_t fwd_mask_bits_offset(int64_t batch, int64_t heads, int64_t kv_heads, int64_t num_q_blocks, FwdKernel kernel) {
@@ -125,8 +129,8 @@ constexpr BwdScratch bwd_scratch(int64_t batch, int64_t heads, int64_t kv_heads,
   layout.schedule = layout.mask_rows + align_scratch(q_pad * kQueryMaskRowBytes);
   layout.key_bits = layout.schedule + align_scratch((layout.dkdv_ctas + layout.dq_ctas) * kWorkItemBytes);
   layout.row_bits = layout.key_bits + align_scratch(bwd_key_bits_bytes(dkdv_num_kv_blocks, bwd_dkdv_tile(heads, kv_heads).block_m));
-  layout.dq_accum = layout.row_bits + align_scratch(dq_num_q_blocks * kMaskBitSlots * bwd_dq_tile(heads, kv_heads).block_m *
-                                                    (BwdDqConfig<128>::kBlockN / 64) * 8);
+  layout.dq_accum =
+      layout.row_bits + align_scratch(mask_bit_words(dq_num_q_blocks, bwd_dq_tile(heads, kv_heads).block_m, BwdDqConfig<128>::kBlockN) * 8);
   layout.kept_bytes = layout.dq_accum - layout.schedule;
   layout.dq_accum_bytes = batch * heads * q_pad * dq_accum_head_dim * 4;
   layout.bytes = layout.dq_accum + align_scratch(layout.dq_accum_bytes);
