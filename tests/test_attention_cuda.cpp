@@ -335,6 +335,11 @@ TEST_CASE("fused_cuda's atomic-dQ backward matches the dense reference (forced b
       make_case("head_dim 64, batch 3, 4 query heads per kv head", 3, 8, 2, 64, 5, 333, simple(MaskKind::causal)),
       make_case("3 query heads per kv head, document_causal", 1, 6, 2, 128, 6, 700, simple(MaskKind::document_causal, 3)),
       make_case("kv_heads 1 (8 query heads per kv head), dflash", 1, 8, 1, 128, 9, 700, dflash(2)),
+      // 32 query heads on one kv head: 8 head packs per kv block, split over 8 CTAs whose partial
+      // dK/dV meet in the fp32 accumulators (tiling::bwd_atomic_dkdv_splits); batch 2, ragged.
+      make_case("kv_heads 1 (32 query heads per kv head, split kv blocks), dflash, batch 2", 2, 32, 1, 128, 40, 1900,
+                dflash(3)),
+      make_case("kv_heads 1, head_dim 64, split kv blocks, causal", 1, 16, 1, 64, 24, 1000, simple(MaskKind::causal)),
       make_case("MHA, sliding_window 77", 1, 3, 3, 128, 4, 500, simple(MaskKind::sliding_window, 1, 77)),
   };
   uint64_t seed = 30;
@@ -376,7 +381,8 @@ TEST_CASE("deterministic=true runs only deterministic backward kernels and refus
   CHECK(message.find("\"wgmma_atomic\" (the call's options) is not deterministic") != std::string::npos);
   CHECK(trace.records().size() == 2);  // nothing ran
   // Without determinism the atomic kernel runs when forced and says it is not deterministic; its
-  // dK and dV are still summed by one CTA each (bitwise equal run to run), dQ agrees to rounding.
+  // dK and dV are still summed by one CTA each here (8 heads on 2 kv heads: one head pack per kv
+  // block, nothing to split), so bitwise equal run to run; dQ agrees to rounding.
   const Grads first = run(false, {"", "wgmma_atomic"});
   const Grads second = run(false, {"", "wgmma_atomic"});
   records = trace.records();

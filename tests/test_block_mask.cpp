@@ -221,3 +221,31 @@ TEST_CASE("the mask bit tables' fallback cases have lists longer than the tables
   CHECK(most(build_block_mask(dflash_mask(96, 2048, 2, {1000, 1048}), tile.block_m, tile.block_n).q_num_blocks) >
         tiling::kBwdMaskBitSlots);
 }
+
+TEST_CASE("wgmma_atomic splits kv blocks over CTAs only where few dK/dV CTAs would run", "[blockmask]") {
+  namespace tiling = harness::kernels::cuda::tiling;
+  // Real dims: 32 heads on 8 kv heads pack a whole GQA group into one 64-row step (1 pack), so no
+  // split whatever the CTA count; on one kv head the group is 8 packs, and 128 kv blocks (context
+  // 8192 + 512 anchors x 16) are 128 CTAs: split 4 ways, to 512.
+  CHECK(tiling::bwd_atomic_dkdv_splits(1, 32, 8, 128) == 1);
+  CHECK(tiling::bwd_atomic_dkdv_splits(1, 32, 1, 128) == 4);
+  CHECK(tiling::bwd_atomic_dkdv_splits(2, 32, 1, 128) == 2);
+  CHECK(tiling::bwd_atomic_dkdv_splits(1, 32, 1, 512) == 1);
+  CHECK(tiling::bwd_atomic_dkdv_splits(1, 32, 1, 3) == 8);  // never past the packs
+  CHECK(tiling::bwd_atomic_dkdv_splits(1, 6, 2, 3) == 1);   // 3 heads per kv head: one pack
+  CHECK(tiling::bwd_atomic_dkdv_splits(1, 32, 1, 0) == 1);
+  // The split needs fp32 dK/dV accumulators [2][B, KVH, kv blocks * 128, D] in the atomic kernel's
+  // scratch only, and room for its longer schedule in every kernel's (the kept buffers are sized
+  // alike).
+  const auto atomic = tiling::bwd_scratch(1, 32, 1, 8192, 512, 128, 128);
+  const auto deterministic = tiling::bwd_scratch(1, 32, 1, 8192, 512, 128, 0);
+  CHECK(atomic.dkdv_splits == 4);
+  CHECK(deterministic.dkdv_splits == 1);
+  CHECK(atomic.dkdv_accum_bytes == 2 * 128 * 128 * 128 * 4);
+  CHECK(deterministic.dkdv_accum_bytes == 0);
+  CHECK(atomic.dkdv_accum >= atomic.dq_accum + atomic.dq_accum_bytes);
+  CHECK(atomic.bytes >= atomic.dkdv_accum + atomic.dkdv_accum_bytes);
+  CHECK(atomic.kept_bytes == deterministic.kept_bytes);
+  const auto tiny = tiling::bwd_scratch(1, 32, 1, 48, 1, 3, 128);  // 3 kv blocks x 8 splits > 3 + 4 dQ CTAs
+  CHECK(tiny.key_bits - tiny.schedule >= tiny.dkdv_ctas * tiny.dkdv_splits * tiling::kWorkItemBytes);
+}

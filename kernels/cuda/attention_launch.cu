@@ -436,10 +436,12 @@ void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, cons
   // slower on causal-128 even where nothing overlapped (H200, Nsight Compute, session 13; PERF_NOTES
   // v11); the dQ conversion after it is launched to overlap its end.
   if (layout.dkdv_ctas > 0) {
-    // Cost of a kv block in units of one 64x128x128 GEMM: 5 per step, times the head packs.
-    const int packs = (s.heads / s.kv_heads) / dkdv_tile.heads_packed;
+    // Cost of a kv block's CTA in units of one 64x128x128 GEMM: 5 per step, times its head packs
+    // (all of the group's, or their share when the kv blocks are split over several CTAs).
+    const int splits = static_cast<int>(layout.dkdv_splits);
+    const int packs = (s.heads / s.kv_heads) / dkdv_tile.heads_packed / splits;
     const device::WorkClass items{params.dkdv_blocks.num_kv_blocks, params.dkdv_blocks.q_num_blocks,
-                                  params.dkdv_blocks.full_q_num_blocks, 5 * packs, 4, s.kv_heads * s.batch};
+                                  params.dkdv_blocks.full_q_num_blocks, 5 * packs, 4, s.kv_heads * s.batch * splits};
     if (!params.schedule.built()) launch_schedule(items, device::WorkClass{}, scratch.schedule, stream);
     device::BwdTensorMaps maps;
     maps.q_dkdv = q_side_map(params.q, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "q");
@@ -448,10 +450,12 @@ void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, cons
     maps.v_dkdv = kv_side_map(params.v, s, Cfg::kKeys, "v");
     maps.dk = kv_side_map(params.dk, s, 64, "dk");  // one consumer's 64 keys
     maps.dv = kv_side_map(params.dv, s, 64, "dv");
-    launch_kernel(device::attention_bwd_atomic_kernel<Cfg>, "attention_bwd_atomic_kernel", layout.dkdv_ctas, Cfg::kThreads,
-                  Cfg::kSmemBytes, stream, params, maps, scratch);
+    launch_kernel(device::attention_bwd_atomic_kernel<Cfg>, "attention_bwd_atomic_kernel", layout.dkdv_ctas * splits,
+                  Cfg::kThreads, Cfg::kSmemBytes, stream, params, maps, scratch);
   }
-  const int64_t rows = static_cast<int64_t>(s.batch) * s.heads * s.q_len;
+  // dQ's rows, then with split kv blocks dK's and dV's.
+  const int64_t rows = static_cast<int64_t>(s.batch) * s.heads * s.q_len +
+                       (scratch.dkdv_accum != nullptr ? 2ll * s.batch * s.kv_heads * s.kv_len : 0);
   const int64_t ctas = (rows + ConvertCfg::kRowsPerCta - 1) / ConvertCfg::kRowsPerCta;
   launch_kernel_after(true, device::attention_bwd_dq_convert_kernel<ConvertCfg>, "attention_bwd_dq_convert_kernel", ctas,
                       ConvertCfg::kThreads, 0, stream, params, scratch);
@@ -480,6 +484,9 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   scratch.row_bits = reinterpret_cast<uint64_t*>(kept + (layout.row_bits - layout.schedule));
   scratch.q_pad = static_cast<int>(tiling::padded_q_len(params.shape.q_len));
   scratch.dq_accum = layout.dq_accum_bytes ? reinterpret_cast<float*>(base + layout.dq_accum) : nullptr;
+  scratch.dkdv_accum = layout.dkdv_accum_bytes ? reinterpret_cast<float*>(base + layout.dkdv_accum) : nullptr;
+  scratch.kv_pad = params.dkdv_blocks.num_kv_blocks * dkdv_tile.block_n;
+  scratch.dkdv_splits = static_cast<int32_t>(layout.dkdv_splits);
 
   const int64_t rows = static_cast<int64_t>(params.shape.batch) * params.shape.heads * scratch.q_pad;
   const int64_t prep_ctas = (rows + PrepCfg::kRowsPerCta - 1) / PrepCfg::kRowsPerCta;
@@ -637,9 +644,17 @@ std::string describe_bwd_config(const AttentionShape& shape, BwdKernel kernel) {
                             " + " + describe_tile("dq", bwd_dq_tile_shape(shape)) + " in one launch, longest first, ";
   if (kernel == BwdKernel::mma) return tiles + "warps=8 mma.sync, deterministic (no atomics)";
   if (!bwd_kernel_deterministic(kernel)) {
-    return std::string("bwd ") + bwd_kernel_name(kernel) + ": " + describe_tile("dkdv", bwd_dkdv_tile_shape(shape)) +
-           " per kv block over the GQA group, 5 GEMMs per step, longest first, TMA producer + 2 wgmma consumer "
-           "warpgroups, ring x2, dQ in fp32 by bulk reduce-add + convert; NOT deterministic (dQ summation order)";
+    const TileShape dkdv = bwd_dkdv_tile_shape(shape);
+    const int64_t splits = tiling::bwd_atomic_dkdv_splits(shape.batch, shape.heads, shape.kv_heads,
+                                                          (shape.kv_len + dkdv.block_n - 1) / dkdv.block_n);
+    const std::string per_block =
+        splits > 1 ? " per kv block split over " + std::to_string(splits) +
+                         " CTAs (the GQA group's head packs shared out), dK/dV in fp32 by bulk reduce-add"
+                   : " per kv block over the GQA group";
+    return std::string("bwd ") + bwd_kernel_name(kernel) + ": " + describe_tile("dkdv", dkdv) + per_block +
+           ", 5 GEMMs per step, longest first, TMA producer + 2 wgmma consumer warpgroups, ring x2, dQ in fp32 by bulk "
+           "reduce-add + convert; NOT deterministic (" +
+           (splits > 1 ? "dQ, dK and dV summation order)" : "dQ summation order)");
   }
   return tiles + "TMA producer + 2 wgmma consumer warpgroups, ring x2, deterministic (no atomics)";
 }

@@ -38,6 +38,11 @@ struct BwdScratch {
   uint64_t* row_bits = nullptr;         //!< the dQ partial steps' mask bits (the forward's format)
   int32_t q_pad = 0;                    //!< q_len rounded up to 128 (every tiling's padded rows)
   float* dq_accum = nullptr;            //!< wgmma_atomic only: [B, H, q_pad, D] fp32 dQ sums (unscaled)
+  //! wgmma_atomic with split kv blocks only (tiling::bwd_atomic_dkdv_splits): [2][B, KVH, kv_pad, D]
+  //! fp32 dK (unscaled), then dV sums; null otherwise.
+  float* dkdv_accum = nullptr;
+  int32_t kv_pad = 0;        //!< rows of one (batch, kv head) in dkdv_accum: kv blocks * 128
+  int32_t dkdv_splits = 1;   //!< wgmma_atomic's CTAs per (kv block, kv head, batch)
 };
 
 //! log2-scaled LSE for recomputing P = 2^(S*scale*log2e - lse2). Rows that saw nothing have
@@ -64,6 +69,16 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     float4* accum = reinterpret_cast<float4*>(scratch.dq_accum + row * Cfg::kHeadDim + chunk * 8);
     accum[0] = make_float4(0.f, 0.f, 0.f, 0.f);
     accum[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  if (scratch.dkdv_accum != nullptr) {
+    // Split wgmma_atomic: zero the dK/dV accumulators too, strided over the whole grid (they are
+    // far smaller than dQ's: 2 * KVH * kv_pad rows against H * q_pad).
+    const int64_t chunks = 2ll * p.shape.batch * p.shape.kv_heads * scratch.kv_pad * Cfg::kHeadDim / 4;
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    float4* accum = reinterpret_cast<float4*>(scratch.dkdv_accum);
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks; i += stride) {
+      accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
   float sum = 0.f;
   if (real) {

@@ -24,8 +24,12 @@
 // attention_bwd_dq_convert_kernel then writes bf16 dQ. The prep kernel zeroes the accumulator; the
 // convert kernel is launched programmatically (it may start while this one finishes, and waits
 // for it before it reads the sums: grid_dependency_wait).
+// With few kv heads (tiling::bwd_atomic_dkdv_splits) a kv block's head packs are split over
+// several CTAs (WorkItem::copy = (batch, kv head, split)); each adds its partial dK and dV to fp32
+// accumulators [B, KVH, kv_pad, D] by one bulk reduce-add per consumer and tensor, and the convert
+// kernel writes them as bf16 after dQ.
 // dQ's fp32 sums depend on the order the CTAs' adds land in, so dQ is not bitwise reproducible
-// (dK and dV are).
+// (dK and dV are, unless their kv blocks are split).
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -50,6 +54,22 @@ namespace harness::kernels::cuda::device {
 //! row): 16-byte chunk c of row r sits at chunk c ^ (r % 8).
 __device__ __forceinline__ uint32_t dq_column_offset(int row, int col) {
   return static_cast<uint32_t>((((col >> 2) ^ (row & 7)) << 4) + (col & 3) * 4);
+}
+
+//! Stores a warp's share of a consumer's fp32 accumulator (columns col0.. of its 16 rows from
+//! `row`, as wgmma lays them out) into a chunk-swizzled tile of kHeadDim floats a row.
+template <int kHeadDim, int kColumns>
+__device__ __forceinline__ void store_f32_rows(uint32_t tile, const float (&acc)[kColumns / 8][4], int row, int col0, int lane) {
+#pragma unroll
+  for (int j = 0; j < kColumns / 8; ++j) {
+    const int col = col0 + j * 8 + (lane & 3) * 2;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(tile + (row + 8 * i) * kHeadDim * 4 + dq_column_offset(row + 8 * i, col)),
+                   "f"(acc[j][2 * i]), "f"(acc[j][2 * i + 1])
+                   : "memory");
+    }
+  }
 }
 
 //! Adds `bytes` of fp32 from shared memory to global memory elementwise (asynchronous, in the
@@ -103,8 +123,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const WorkItem work = scratch.schedule[blockIdx.x];
   const int kv_block = work.block;
-  const int kv_head = work.copy % p.shape.kv_heads;
-  const int batch = work.copy / p.shape.kv_heads;
+  const int splits = scratch.dkdv_splits;
+  const int split = work.copy % splits;
+  const int kv_head = (work.copy / splits) % p.shape.kv_heads;
+  const int batch = (work.copy / splits) / p.shape.kv_heads;
 
   const BlockListParams& blocks = p.dkdv_blocks;
   const int block_m = blocks.block_m;
@@ -112,8 +134,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int group = p.shape.heads / p.shape.kv_heads;
   const VisitList q_list = q_blocks_of(blocks, kv_block);
   const int num_partial = q_list.num_partial, num_q_blocks = q_list.count;
-  // Steps run over (head pack, q block): every query head of the group, so dK/dV end complete.
-  const int num_steps = (group / heads_packed) * num_q_blocks;
+  // Steps run over (head pack, q block): every query head of the group, so dK/dV end complete;
+  // with split kv blocks, this CTA's share of the head packs (its dK/dV are partial sums).
+  const int packs = group / heads_packed / splits;
+  const int num_steps = packs * num_q_blocks;
+  const int head_base = kv_head * group + split * packs * heads_packed;
   auto q_block_at = [&](int step) { return step >= num_steps ? 0 : q_list.at(step % num_q_blocks); };
   const int kv0 = kv_block * kKeys;
 
@@ -125,7 +150,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // ---- Reducer: adds each step's dQ tile to the fp32 accumulator, one bulk op per head. ----
       for (int step = 0; step < num_steps; ++step) {
         mbarrier_wait(dq_full, step & 1);
-        const int head0 = kv_head * group + (step / num_q_blocks) * heads_packed;
+        const int head0 = head_base + (step / num_q_blocks) * heads_packed;
         const int q0 = q_block_at(step) * block_m;
         for (int h = 0; h < heads_packed; ++h) {
           float* dst = scratch.dq_accum +
@@ -150,7 +175,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int step = 0; step < num_steps; ++step) {
       const int next = q_block_at(step + 1);
       const int stage = step % kStages;
-      const int head0 = kv_head * group + (step / num_q_blocks) * heads_packed;
+      const int head0 = head_base + (step / num_q_blocks) * heads_packed;
       const int q0 = q_block * block_m;
       mbarrier_wait(bar.empty(stage), ((step / kStages) & 1) ^ 1);
       const uint32_t q_stage = s_q + stage * Cfg::kQBytes;
@@ -306,17 +331,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     mbarrier_arrive(bar.empty(stage));  // Q and dO of this stage are no longer read
     mbarrier_wait(dq_empty, (step & 1) ^ 1);  // the reducer has read the last tile
     if (does_dq) {
-      const int row = warp_in_group * 16 + (lane >> 2);
-#pragma unroll
-      for (int j = 0; j < Cfg::kDqColumns / 8; ++j) {
-        const int col = dq_col0 + j * 8 + (lane & 3) * 2;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(s_dq + (row + 8 * i) * kHeadDim * 4 + dq_column_offset(row + 8 * i, col)),
-                       "f"(acc_dq[j][2 * i]), "f"(acc_dq[j][2 * i + 1])
-                       : "memory");
-        }
-      }
+      store_f32_rows<kHeadDim, Cfg::kDqColumns>(s_dq, acc_dq, warp_in_group * 16 + (lane >> 2), dq_col0, lane);
       fence_async_shared();
     }
     mbarrier_arrive(dq_full);
@@ -325,6 +340,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   fence_registers(st);
   named_barrier_sync(kConsumersBarrier, 256);  // the other consumer's last dQ product no longer reads K
 
+  if (splits > 1) {
+    // Split kv block: add this CTA's partial dK and dV (fp32, unscaled) to the accumulators, one
+    // after the other through a 64-row fp32 tile in the consumer's own Q (or dO) stages, which no
+    // copy or product reads any more; the conversion kernel scales and writes bf16.
+    static_assert(kStages * Cfg::kQBytes == 64 * kHeadDim * 4, "one consumer's fp32 rows fill its stages");
+    if (num_steps == 0) return;  // nothing to add
+    const uint32_t tile = consumer == 0 ? s_q : s_do;
+    const int64_t accum_row = (static_cast<int64_t>(batch) * p.shape.kv_heads + kv_head) * scratch.kv_pad + kv0 + consumer * 64;
+    const int64_t tensor_floats = static_cast<int64_t>(p.shape.batch) * p.shape.kv_heads * scratch.kv_pad * kHeadDim;
+    auto add_rows = [&](const float (&acc)[kHeadDim / 8][4], float* accum) {
+      store_f32_rows<kHeadDim, kHeadDim>(tile, acc, warp_in_group * 16 + (lane >> 2), 0, lane);
+      fence_async_shared();
+      named_barrier_sync(1 + consumer, 128);
+      if (threadIdx.x % 128 == 0) {
+        bulk_reduce_add_f32(accum + accum_row * kHeadDim, tile, 64 * kHeadDim * 4);
+        tma_store_commit();
+        bulk_wait_read();
+      }
+      named_barrier_sync(1 + consumer, 128);  // the tile may be written again
+    };
+    add_rows(acc_dk, scratch.dkdv_accum);
+    add_rows(acc_dv, scratch.dkdv_accum + tensor_floats);
+    if (threadIdx.x % 128 == 0) bulk_wait_all();
+    return;
+  }
   // Epilogue: this consumer's 64 keys of dK (scaled) and dV, through its own rows of K and V.
   named_barrier_sync(1 + consumer, 128);
   store_consumer_rows<kHeadDim>(acc_dk, p.scale, s_k, kKeys, consumer * 64, consumer, &maps.dk, kv0 + consumer * 64, kv_head,
@@ -333,7 +373,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                 batch);
 }
 
-//! dQ = scale * accumulator, as bf16 (rows q < q_len of every (batch, head)).
+//! dQ = scale * accumulator, as bf16 (rows q < q_len of every (batch, head)); with split kv blocks
+//! also dK = scale * its accumulator and dV = its accumulator (rows kv < kv_len of every (batch,
+//! kv head)), in the rows after dQ's.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads)
     attention_bwd_dq_convert_kernel(const __grid_constant__ BwdParams p, const BwdScratch scratch) {
@@ -344,8 +386,33 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // Launched programmatically behind the main kernel: every thread waits for its sums (and so
   // this grid never completes before it).
   grid_dependency_wait();
-  if (row >= rows_total) return;
   const int col = (static_cast<int>(threadIdx.x) % kPerRow) * 8;
+  if (row >= rows_total) {
+    const int64_t kv_rows = static_cast<int64_t>(p.shape.batch) * p.shape.kv_heads * p.shape.kv_len;
+    if (scratch.dkdv_accum == nullptr || row >= rows_total + 2 * kv_rows) return;
+    const int64_t r = row - rows_total;
+    const bool is_dv = r >= kv_rows;
+    const int64_t kv_row = is_dv ? r - kv_rows : r;
+    const int kv = static_cast<int>(kv_row % p.shape.kv_len);
+    const int64_t bh = kv_row / p.shape.kv_len;
+    const int kv_head = static_cast<int>(bh % p.shape.kv_heads);
+    const int batch = static_cast<int>(bh / p.shape.kv_heads);
+    const float factor = is_dv ? 1.f : p.scale;
+    const float* tensor = scratch.dkdv_accum + (is_dv ? kv_rows / p.shape.kv_len * scratch.kv_pad * kHeadDim : 0);
+    // The tiles' chunk swizzle keys on the tile row: kv blocks and consumer halves start at
+    // multiples of 64 keys, so the row of kv is swizzled by kv % 8.
+    const unsigned char* accum_row = reinterpret_cast<const unsigned char*>(tensor + (bh * scratch.kv_pad + kv) * kHeadDim);
+    const float4 a = *reinterpret_cast<const float4*>(accum_row + dq_column_offset(kv, col));
+    const float4 b = *reinterpret_cast<const float4*>(accum_row + dq_column_offset(kv, col + 4));
+    uint4 out;
+    out.x = pack_bf16(a.x * factor, a.y * factor);
+    out.y = pack_bf16(a.z * factor, a.w * factor);
+    out.z = pack_bf16(b.x * factor, b.y * factor);
+    out.w = pack_bf16(b.z * factor, b.w * factor);
+    const __nv_bfloat16* dst = row_pointer(is_dv ? p.dv : p.dk, batch, kv_head, kv);
+    *reinterpret_cast<uint4*>(const_cast<__nv_bfloat16*>(dst) + col) = out;
+    return;
+  }
   const int q = static_cast<int>(row % p.shape.q_len);
   const int64_t bh = row / p.shape.q_len;
   const int head = static_cast<int>(bh % p.shape.heads);

@@ -464,7 +464,8 @@ FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::
         {"attention_bwd", "fused_cuda", q.device().str(),
          std::string("fused backward: P recomputed from the LSE, dK/dV per kv block over the GQA group's heads; ") +
              (bitwise ? "dQ per q block, no atomics: bitwise deterministic"
-                      : "dQ summed in fp32 by atomic bulk adds (5 GEMMs per pair): NOT bitwise deterministic") +
+                      : "dQ (and dK/dV where a kv block is split over CTAs) summed in fp32 by atomic bulk adds (5 GEMMs "
+                        "per pair): NOT bitwise deterministic") +
              " (deterministic=" + (state->deterministic ? "true" : "false") + " asked); kernel " + pick.name + " " +
              pick.how,
          kc::describe_bwd_config(state->shape, params.kernel), pick.name});

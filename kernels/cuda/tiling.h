@@ -99,11 +99,30 @@ constexpr int64_t bwd_key_bits_bytes(int64_t dkdv_num_kv_blocks, int64_t block_m
   return dkdv_num_kv_blocks * kBwdMaskBitSlots * BwdDkdvConfig<128>::kBlockN * (block_m / 8);
 }
 
+//! wgmma_atomic's dK/dV CTAs per kv block: a kv block's steps run over every head pack of its GQA
+//! group, so with few kv heads there are few dK/dV CTAs and the costliest kv blocks (a dflash
+//! document's first, seen by every anchor of the document) dominate the launch: dflash-512 with one
+//! kv head ran 128 CTAs on 132 SMs, the longest 8x the mean. Below kMinAtomicDkdvCtas CTAs the
+//! head packs are split over 2, 4, ... CTAs (as long as the split divides them); the CTAs of a kv
+//! block add their dK/dV in fp32 (bulk reduce-add into an accumulator, converted with dQ), so dK
+//! and dV are then summed in no fixed order either. The same count for every kernel, so that the
+//! schedule buffers (kept per kernel, sized alike) hold the split launch.
+constexpr int64_t kMinAtomicDkdvCtas = 512;
+constexpr int64_t bwd_atomic_dkdv_splits(int64_t batch, int64_t heads, int64_t kv_heads, int64_t dkdv_num_kv_blocks) {
+  const int64_t packs = (heads / kv_heads) / bwd_dkdv_tile(heads, kv_heads).heads_packed;
+  const int64_t ctas = dkdv_num_kv_blocks * kv_heads * batch;
+  int64_t splits = 1;
+  while (ctas > 0 && ctas * splits < kMinAtomicDkdvCtas && packs % (2 * splits) == 0) splits *= 2;
+  return splits;
+}
+
 //! Backward scratch, in order: per-(batch, head, padded q row) statistics, per padded q row mask
 //! rows, then the merged schedule (dK/dV CTAs first, then dQ CTAs), the key bit table and the row
 //! bit table (all three kept with the mask when the caller keeps schedules: `kept_bytes` from
 //! `schedule` on), then for
-//! wgmma_atomic its fp32 dQ accumulator [B, H, q_pad, D]. Offsets are from the start.
+//! wgmma_atomic its fp32 dQ accumulator [B, H, q_pad, D] and, when its dK/dV CTAs are split
+//! (bwd_atomic_dkdv_splits), the fp32 dK and dV accumulators [2][B, KVH, kv blocks * 128, D].
+//! Offsets are from the start.
 struct BwdScratch {
   int64_t row_stats = 0;  //!< offset of the float2 row statistics
   int64_t mask_rows = 0;  //!< offset of the QueryMaskRows
@@ -113,9 +132,12 @@ struct BwdScratch {
   int64_t kept_bytes = 0; //!< schedule and key bit table: what a kept schedule holds
   int64_t dq_accum = 0;        //!< offset of the fp32 dQ accumulator (wgmma_atomic)
   int64_t dq_accum_bytes = 0;  //!< its size; 0 for the deterministic kernels
+  int64_t dkdv_accum = 0;        //!< offset of the fp32 dK, dV accumulators (wgmma_atomic, split)
+  int64_t dkdv_accum_bytes = 0;  //!< their size; 0 unless wgmma_atomic splits its kv blocks
   int64_t bytes = 0;      //!< total
-  int64_t dkdv_ctas = 0;
+  int64_t dkdv_ctas = 0;  //!< one per (kv block, kv head, batch)
   int64_t dq_ctas = 0;
+  int64_t dkdv_splits = 1;  //!< wgmma_atomic's CTAs per dK/dV CTA above (1 for the other kernels)
 };
 //! `dq_accum_head_dim`: the head dim when the kernel is wgmma_atomic (its accumulator), else 0.
 constexpr BwdScratch bwd_scratch(int64_t batch, int64_t heads, int64_t kv_heads, int64_t q_len, int64_t dq_num_q_blocks,
@@ -127,13 +149,20 @@ constexpr BwdScratch bwd_scratch(int64_t batch, int64_t heads, int64_t kv_heads,
   layout.row_stats = 0;
   layout.mask_rows = align_scratch(batch * heads * q_pad * kRowStatBytes);
   layout.schedule = layout.mask_rows + align_scratch(q_pad * kQueryMaskRowBytes);
-  layout.key_bits = layout.schedule + align_scratch((layout.dkdv_ctas + layout.dq_ctas) * kWorkItemBytes);
+  const int64_t splits = bwd_atomic_dkdv_splits(batch, heads, kv_heads, dkdv_num_kv_blocks);
+  layout.dkdv_splits = dq_accum_head_dim > 0 ? splits : 1;
+  // Room for the merged schedule and for the atomic kernel's split one, whichever is longer.
+  const int64_t schedule_items = std::max(layout.dkdv_ctas + layout.dq_ctas, layout.dkdv_ctas * splits);
+  layout.key_bits = layout.schedule + align_scratch(schedule_items * kWorkItemBytes);
   layout.row_bits = layout.key_bits + align_scratch(bwd_key_bits_bytes(dkdv_num_kv_blocks, bwd_dkdv_tile(heads, kv_heads).block_m));
   layout.dq_accum =
       layout.row_bits + align_scratch(mask_bit_words(dq_num_q_blocks, bwd_dq_tile(heads, kv_heads).block_m, BwdDqConfig<128>::kBlockN) * 8);
   layout.kept_bytes = layout.dq_accum - layout.schedule;
   layout.dq_accum_bytes = batch * heads * q_pad * dq_accum_head_dim * 4;
-  layout.bytes = layout.dq_accum + align_scratch(layout.dq_accum_bytes);
+  layout.dkdv_accum = layout.dq_accum + align_scratch(layout.dq_accum_bytes);
+  layout.dkdv_accum_bytes =
+      layout.dkdv_splits > 1 ? 2 * batch * kv_heads * dkdv_num_kv_blocks * BwdDkdvConfig<128>::kBlockN * dq_accum_head_dim * 4 : 0;
+  layout.bytes = layout.dkdv_accum + align_scratch(layout.dkdv_accum_bytes);
   return layout;
 }
 
