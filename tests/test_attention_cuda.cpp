@@ -309,6 +309,21 @@ TEST_CASE("fused_cuda gives zeros and finite gradients for rows that see nothing
   mask.kv_len = 40;
   Case c{"causal with empty rows", 1, 2, 1, 128, mask};
   check_against_dense(c, 3);
+  // head_dim 64 too, every wgmma forward tiling: a row that sees nothing must give exactly 0 (its
+  // probabilities all exactly 0), not an average of V.
+  check_against_dense(Case{"causal with empty rows, head_dim 64", 1, 2, 1, 64, mask}, 4);
+  {
+    MaskContext context64(mask);
+    const auto options = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+    for (const char* fwd : {"wgmma_m64_n64_overlap", "wgmma_m128_n128_pingpong", "wgmma_m128_n64"}) {
+      const at::Tensor out64 = fused_attention_cuda(at::randn({1, 2, 64, 64}, options), at::randn({1, 1, 40, 64}, options),
+                                                    at::randn({1, 1, 40, 64}, options), context64, 0.125, false, nullptr,
+                                                    {fwd, "wgmma"});
+      INFO(fwd);
+      CHECK(out64.slice(2, 0, 24).abs().max().item<float>() == 0.0f);
+      CHECK(out64.slice(2, 24).abs().max().item<float>() > 0.0f);
+    }
+  }
   MaskContext context(mask);
   at::manual_seed(4);
   const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);

@@ -174,12 +174,19 @@ void check_scratch(const void* scratch, size_t have, size_t need, const char* wh
   }
 }
 
-//! Writes the longest-first CTA table of two work classes (see schedule_kernel.cuh).
-void launch_schedule(const device::WorkClass& first, const device::WorkClass& second, WorkItem* schedule, cudaStream_t stream) {
+//! Writes the longest-first CTA table of two work classes (see schedule_kernel.cuh), batch by
+//! batch (`batches`: the launch's batch size, a factor of both classes' copies).
+void launch_schedule(const device::WorkClass& first, const device::WorkClass& second, int batches, WorkItem* schedule,
+                     cudaStream_t stream) {
   const int items = first.count + second.count;
   const bool ranked = items <= ScheduleConfig::kMaxRankedItems;
   const int smem = ranked ? device::schedule_smem_bytes(items) : 0;
-  device::build_schedule_kernel<<<1, ScheduleConfig::kThreads, smem, stream>>>(first, second, ranked, schedule);
+  static const bool batch_major = [] {
+    const char* env = std::getenv("HARNESS_SCHEDULE_BATCH_MAJOR");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  if (!batch_major) batches = 1;
+  device::build_schedule_kernel<<<1, ScheduleConfig::kThreads, smem, stream>>>(first, second, batches, ranked, schedule);
   HARNESS_CUDA_LAUNCH_CHECK("build_schedule_kernel");
 }
 
@@ -406,7 +413,7 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   const device::WorkClass q_blocks{params.blocks.num_q_blocks, params.blocks.kv_num_blocks, params.blocks.full_kv_num_blocks,
                                    1, 1, static_cast<int32_t>(ctas / params.blocks.num_q_blocks)};
   if (!params.schedule.built()) {
-    launch_schedule(device::WorkClass{}, q_blocks, schedule, stream);
+    launch_schedule(device::WorkClass{}, q_blocks, params.shape.batch, schedule, stream);
     // A kept schedule's counter: zeroed once, here; the persistent kernels leave it at 0.
     if (params.schedule.items) HARNESS_CUDA_CHECK(cudaMemsetAsync(fwd_item_counter(params, ctas), 0, sizeof(int), stream));
     // The partial blocks' mask bits, kept with the schedule (they depend on the mask and the
@@ -442,7 +449,7 @@ void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, cons
     const int packs = (s.heads / s.kv_heads) / dkdv_tile.heads_packed / splits;
     const device::WorkClass items{params.dkdv_blocks.num_kv_blocks, params.dkdv_blocks.q_num_blocks,
                                   params.dkdv_blocks.full_q_num_blocks, 5 * packs, 4, s.kv_heads * s.batch * splits};
-    if (!params.schedule.built()) launch_schedule(items, device::WorkClass{}, scratch.schedule, stream);
+    if (!params.schedule.built()) launch_schedule(items, device::WorkClass{}, s.batch, scratch.schedule, stream);
     device::BwdTensorMaps maps;
     maps.q_dkdv = q_side_map(params.q, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "q");
     maps.dout_dkdv = q_side_map(params.dout, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "dout");
@@ -520,7 +527,7 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   const device::WorkClass dq_items{params.dq_blocks.num_q_blocks, params.dq_blocks.kv_num_blocks,
                                    params.dq_blocks.full_kv_num_blocks, 3, 3,
                                    (params.shape.heads / dq_tile.heads_packed) * params.shape.batch};
-  if (!params.schedule.built()) launch_schedule(dkdv_items, dq_items, scratch.schedule, stream);
+  if (!params.schedule.built()) launch_schedule(dkdv_items, dq_items, params.shape.batch, scratch.schedule, stream);
 
   if (params.kernel == BwdKernel::mma) {
     return launch_kernel(device::attention_bwd_kernel<DkdvCfg, DqCfg>, "attention_bwd_kernel", ctas, DkdvCfg::kThreads,

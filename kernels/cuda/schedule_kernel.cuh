@@ -30,7 +30,13 @@ struct WorkClass {
 //! With `ranked` false (too many items for the O(n^2) ranking in shared memory) the order is
 //! the item numbering itself. One CTA; dynamic shared memory: schedule_smem_bytes(items) when
 //! ranked.
-__global__ void build_schedule_kernel(WorkClass first, WorkClass second, bool ranked, WorkItem* __restrict__ schedule) {
+//! `batches` > 1 (every class's copies a multiple of it, the batch the outermost factor of a
+//! copy, as every kernel numbers them): the whole longest-first order of batch 0, then of batch
+//! 1, ...: the CTAs running at once then read one batch's K/V instead of all of them (the L2
+//! holds a batch's working set on the real dims, not two), and the launch still ends on the
+//! cheapest items.
+__global__ void build_schedule_kernel(WorkClass first, WorkClass second, int batches, bool ranked,
+                                      WorkItem* __restrict__ schedule) {
   extern __shared__ int32_t cost[];
   const int n = first.count + second.count;
   auto cost_of = [&](int item) {
@@ -58,9 +64,15 @@ __global__ void build_schedule_kernel(WorkClass first, WorkClass second, bool ra
         }
       }
     }
-    const int start = first_before * first.copies + (rank - first_before) * second.copies;
-    const int copies = item < first.count ? first.copies : second.copies;
-    for (int copy = 0; copy < copies; ++copy) schedule[start + copy] = WorkItem{item, copy};
+    const int first_copies = first.copies / batches, second_copies = second.copies / batches;
+    const int per_batch = first.count * first_copies + second.count * second_copies;
+    const int start = first_before * first_copies + (rank - first_before) * second_copies;
+    const int copies = item < first.count ? first_copies : second_copies;
+    for (int batch = 0; batch < batches; ++batch) {
+      for (int copy = 0; copy < copies; ++copy) {
+        schedule[batch * per_batch + start + copy] = WorkItem{item, batch * copies + copy};
+      }
+    }
   }
 }
 
