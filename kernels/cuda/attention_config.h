@@ -45,6 +45,11 @@ enum class FwdKernel : int32_t {
   //! autotuner picks there (H200, session 11, call 7: dflash 512 anchors 0.373 ms against
   //! wgmma_m64_n64_overlap's 0.370; causal 128 anchors 0.601 against the ping-pong's 0.483).
   wgmma_m128_n64_pingpong = 7,
+  //! wgmma_m64_n64_overlap on 128-key tiles: half the steps per item, so half the per-step
+  //! barriers, waits and row reductions, for head_dim 64 where those weigh most against the
+  //! products (2 CTAs per SM there; 1 at head_dim 128, where the K/V ring needs 128 KB).
+  //! Experimental (session 17).
+  wgmma_m64_n128_overlap = 8,
 };
 
 //! The backward kernels (autotuner candidates); all read the dK/dV BlockMask, the first two the
@@ -74,6 +79,7 @@ constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
     case FwdKernel::wgmma_m64_n64_overlap: return {64, 64};
     case FwdKernel::wgmma_m128_n128_pingpong_persistent: return {128, 128};
     case FwdKernel::wgmma_m128_n64_pingpong: return {128, 64};
+    case FwdKernel::wgmma_m64_n128_overlap: return {64, 128};
   }
   return {128, 64};
 }
@@ -82,7 +88,8 @@ constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
 //! rather than evaluating the mask per score.
 constexpr bool fwd_kernel_reads_mask_bits(FwdKernel kernel) {
   return kernel == FwdKernel::wgmma_m128_n128_pingpong || kernel == FwdKernel::wgmma_m64_n64_overlap ||
-         kernel == FwdKernel::wgmma_m128_n128_pingpong_persistent || kernel == FwdKernel::wgmma_m128_n64_pingpong;
+         kernel == FwdKernel::wgmma_m128_n128_pingpong_persistent || kernel == FwdKernel::wgmma_m128_n64_pingpong ||
+         kernel == FwdKernel::wgmma_m64_n128_overlap;
 }
 //! The names the dispatch trace, the tuning cache and CudaKernelChoice use.
 constexpr const char* fwd_kernel_label(FwdKernel kernel) {
@@ -95,6 +102,7 @@ constexpr const char* fwd_kernel_label(FwdKernel kernel) {
     case FwdKernel::wgmma_m64_n64_overlap: return "wgmma_m64_n64_overlap";
     case FwdKernel::wgmma_m128_n128_pingpong_persistent: return "wgmma_m128_n128_pingpong_persistent";
     case FwdKernel::wgmma_m128_n64_pingpong: return "wgmma_m128_n64_pingpong";
+    case FwdKernel::wgmma_m64_n128_overlap: return "wgmma_m64_n128_overlap";
   }
   return "unknown";
 }
@@ -109,8 +117,9 @@ constexpr FwdKernel kDefaultFwdKernel = kFwdKernels[0];
 //! Forward kernels that exist but are no candidates yet (`harness_attention_selftest
 //! --experimental` checks and times them). The ping-pong kernel was one until it ran correctly
 //! and, at causal 128 anchors, faster than wgmma_m128_n128 (H200, session 8).
-constexpr std::array<FwdKernel, 2> kExperimentalFwdKernels{FwdKernel::wgmma_m128_n128_pingpong_persistent,
-                                                           FwdKernel::wgmma_m128_n64_pingpong};
+constexpr std::array<FwdKernel, 3> kExperimentalFwdKernels{FwdKernel::wgmma_m128_n128_pingpong_persistent,
+                                                           FwdKernel::wgmma_m128_n64_pingpong,
+                                                           FwdKernel::wgmma_m64_n128_overlap};
 
 constexpr const char* bwd_kernel_label(BwdKernel kernel) {
   switch (kernel) {

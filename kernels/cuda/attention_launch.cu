@@ -394,6 +394,9 @@ bool with_wgmma_fwd_config(FwdKernel kernel, F&& f) {
     case FwdKernel::wgmma_m128_n64_pingpong:
       f(WgmmaFwd<FwdKernel::wgmma_m128_n64_pingpong, FwdWgmmaConfig<kHeadDim, 64, 2, 3, 1, true>>{});
       return true;
+    case FwdKernel::wgmma_m64_n128_overlap:
+      f(WgmmaFwd<FwdKernel::wgmma_m64_n128_overlap, FwdWgmmaConfig<kHeadDim, 128, 1, 2, kHeadDim == 64 ? 2 : 1, true>>{});
+      return true;
     case FwdKernel::mma_m128_n64:
       return false;
   }
