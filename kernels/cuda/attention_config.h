@@ -48,7 +48,8 @@ enum class FwdKernel : int32_t {
   //! wgmma_m64_n64_overlap on 128-key tiles: half the steps per item, so half the per-step
   //! barriers, waits and row reductions, for head_dim 64 where those weigh most against the
   //! products (2 CTAs per SM there; 1 at head_dim 128, where the K/V ring needs 128 KB).
-  //! Experimental (session 17).
+  //! Experimental (session 17): built, never run yet (the self-test could not give it a BlockMask
+  //! until after the session's last device call).
   wgmma_m64_n128_overlap = 8,
 };
 

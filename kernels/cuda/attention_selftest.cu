@@ -535,6 +535,8 @@ struct Case {
   // One BlockMask per forward kernel (each reads its own tiling), in fwd_kernels() order.
   std::vector<HostBlocks> fwd_blocks_host;
   std::vector<DeviceBlocks*> fwd_blocks;
+  //! BlockMasks of the experimental forwards whose tiling no candidate has (null where one does).
+  std::vector<DeviceBlocks*> experimental_fwd_blocks;
   DeviceBlocks* dq_blocks = nullptr;
   DeviceBlocks* dkdv_blocks = nullptr;
   FwdParams fwd;  // set for the kernel under test by use_fwd_kernel()
@@ -542,6 +544,7 @@ struct Case {
   int64_t pairs = 0;
   ~Case() {
     for (DeviceBlocks* b : fwd_blocks) delete b;
+    for (DeviceBlocks* b : experimental_fwd_blocks) delete b;
     delete dq_blocks;
     delete dkdv_blocks;
   }
@@ -587,6 +590,20 @@ void setup(Case& c, uint64_t seed) {
     c.fwd_blocks_host.push_back(build_blocks(m, ft.block_m, ft.block_n));
     c.fwd_blocks.push_back(new DeviceBlocks(c.fwd_blocks_host.back()));
   }
+  for (FwdKernel kernel : kExperimentalFwdKernels) {
+    const FwdKernelTiling t = fwd_kernel_tiling(kernel);
+    bool shared = false;
+    for (FwdKernel candidate : fwd_kernels()) {
+      const FwdKernelTiling a = fwd_kernel_tiling(candidate);
+      shared |= a.rows == t.rows && a.block_n == t.block_n;
+    }
+    DeviceBlocks* blocks = nullptr;
+    if (!shared) {
+      const TileShape ft = fwd_tile_shape(shape, kernel);
+      blocks = new DeviceBlocks(build_blocks(m, ft.block_m, ft.block_n));
+    }
+    c.experimental_fwd_blocks.push_back(blocks);
+  }
   c.dq_blocks_host = build_blocks(m, qt.block_m, qt.block_n);
   c.dkdv_blocks_host = build_blocks(m, bt.block_m, bt.block_n);
   c.dq_blocks = new DeviceBlocks(c.dq_blocks_host);
@@ -615,6 +632,10 @@ void setup(Case& c, uint64_t seed) {
   size_t fwd_scratch = 0;
   for (size_t i = 0; i < fwd_kernels().size(); ++i) {
     fwd_scratch = std::max(fwd_scratch, fwd_scratch_bytes(shape, c.fwd_blocks[i]->params, fwd_kernels()[i]));
+  }
+  for (size_t i = 0; i < kExperimentalFwdKernels.size(); ++i) {
+    if (c.experimental_fwd_blocks[i] == nullptr) continue;
+    fwd_scratch = std::max(fwd_scratch, fwd_scratch_bytes(shape, c.experimental_fwd_blocks[i]->params, kExperimentalFwdKernels[i]));
   }
   c.fwd_scratch = DeviceBuffer<unsigned char>(fwd_scratch);
   c.fwd.scratch = c.fwd_scratch.ptr;
@@ -739,8 +760,15 @@ int g_failures = 0;
 bool g_experimental = false;
 
 //! Points c.fwd at experimental forward kernel `kernel`, with the BlockMask of the candidate kernel
-//! of the same tiling.
+//! of the same tiling, or its own where no candidate has its tiling.
 void use_experimental_fwd_kernel(Case& c, FwdKernel kernel) {
+  for (size_t i = 0; i < kExperimentalFwdKernels.size(); ++i) {
+    if (kExperimentalFwdKernels[i] == kernel && c.experimental_fwd_blocks[i] != nullptr) {
+      c.fwd.kernel = kernel;
+      c.fwd.blocks = c.experimental_fwd_blocks[i]->params;
+      return;
+    }
+  }
   for (size_t i = 0; i < fwd_kernels().size(); ++i) {
     const FwdKernelTiling a = fwd_kernel_tiling(fwd_kernels()[i]), b = fwd_kernel_tiling(kernel);
     if (a.rows == b.rows && a.block_n == b.block_n) {
