@@ -32,9 +32,9 @@ struct WorkClass {
 //! ranked.
 //! `batches` > 1 (every class's copies a multiple of it, the batch the outermost factor of a
 //! copy, as every kernel numbers them): the whole longest-first order of batch 0, then of batch
-//! 1, ...: the CTAs running at once then read one batch's K/V instead of all of them (the L2
-//! holds a batch's working set on the real dims, not two), and the launch still ends on the
-//! cheapest items.
+//! 1, ...: the CTAs running at once then read one batch's K/V instead of all of them, and the
+//! launch still ends on the cheapest items. dflash-512 at batch 2 ran 5% faster so (H200,
+//! PERF_NOTES.md v15): likely the L2, which holds one batch's context K/V (32 MiB) but not two.
 __global__ void build_schedule_kernel(WorkClass first, WorkClass second, int batches, bool ranked,
                                       WorkItem* __restrict__ schedule) {
   extern __shared__ int32_t cost[];
