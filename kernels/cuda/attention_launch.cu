@@ -655,8 +655,7 @@ std::string describe_bwd_config(const AttentionShape& shape, BwdKernel kernel) {
   if (kernel == BwdKernel::mma) return tiles + "warps=8 mma.sync, deterministic (no atomics)";
   if (!bwd_kernel_deterministic(kernel)) {
     const TileShape dkdv = bwd_dkdv_tile_shape(shape);
-    const int64_t splits = tiling::bwd_atomic_dkdv_splits(shape.batch, shape.heads, shape.kv_heads,
-                                                          (shape.kv_len + dkdv.block_n - 1) / dkdv.block_n);
+    const int64_t splits = bwd_dkdv_splits(shape, kernel);
     const std::string per_block =
         splits > 1 ? " per kv block split over " + std::to_string(splits) +
                          " CTAs (the GQA group's head packs shared out), dK/dV in fp32 by bulk reduce-add"
@@ -680,6 +679,12 @@ const std::vector<BwdKernel>& deterministic_bwd_kernels() {
 }
 
 bool bwd_kernel_is_deterministic(BwdKernel kernel) { return bwd_kernel_deterministic(kernel); }
+
+int64_t bwd_dkdv_splits(const AttentionShape& shape, BwdKernel kernel) {
+  if (bwd_kernel_deterministic(kernel)) return 1;
+  const int64_t block_n = bwd_dkdv_tile_shape(shape).block_n;
+  return tiling::bwd_atomic_dkdv_splits(shape.batch, shape.heads, shape.kv_heads, tiling::ceil_div(shape.kv_len, block_n));
+}
 
 BwdKernel default_bwd_kernel(bool deterministic) {
   return deterministic ? kDefaultDeterministicBwdKernel : kDefaultBwdKernel;

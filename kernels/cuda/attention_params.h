@@ -167,6 +167,10 @@ const std::vector<BwdKernel>& deterministic_bwd_kernels();
 //! Whether `kernel` gives the same bits on every run (false for wgmma_atomic: dQ sums in fp32 by
 //! atomic adds whose order varies).
 bool bwd_kernel_is_deterministic(BwdKernel kernel);
+//! CTAs per (kv block, kv head, batch) of `kernel`'s dK/dV work: more than 1 only for wgmma_atomic
+//! with few dK/dV CTAs (tiling::bwd_atomic_dkdv_splits), whose dK and dV are then summed by atomic
+//! adds too (not bitwise reproducible either).
+int64_t bwd_dkdv_splits(const AttentionShape& shape, BwdKernel kernel);
 //! The backward kernel to run when nothing was tuned: wgmma_atomic, or wgmma when deterministic.
 BwdKernel default_bwd_kernel(bool deterministic);
 //! "wgmma_atomic", "wgmma", "mma".
@@ -180,7 +184,8 @@ TileShape bwd_dkdv_tile_shape(const AttentionShape& shape);
 //! Scratch the forward / backward need for a problem and its BlockMasks (a few MB at most:
 //! 8 bytes per CTA for the schedule; backward also 8 bytes per query row and 32 per position).
 size_t fwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& blocks, FwdKernel kernel);
-//! wgmma_atomic also needs its fp32 dQ accumulator there: 4 * B * H * q_pad * D bytes.
+//! wgmma_atomic also needs its fp32 dQ accumulator there: 4 * B * H * q_pad * D bytes, and where it
+//! splits kv blocks (bwd_dkdv_splits > 1) the fp32 dK/dV ones: 8 * B * KVH * kv blocks * 128 * D.
 size_t bwd_scratch_bytes(const AttentionShape& shape, const BlockListParams& dq_blocks,
                          const BlockListParams& dkdv_blocks, BwdKernel kernel);
 //! Room for a kept ScheduleCache of the forward / backward (a few KB: 8 bytes per CTA; the

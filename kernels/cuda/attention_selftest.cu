@@ -31,7 +31,6 @@
 #include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/tiling.h"
 
 namespace {
 
@@ -523,6 +522,16 @@ Outputs cpu_reference(const Problem& pr, const std::vector<float>& q, const std:
   return out;
 }
 
+//! Index in fwd_kernels() of the candidate whose tiling (and so BlockMask) `kernel` shares, or -1.
+int candidate_with_tiling_of(FwdKernel kernel) {
+  const FwdKernelTiling t = fwd_kernel_tiling(kernel);
+  for (size_t i = 0; i < fwd_kernels().size(); ++i) {
+    const FwdKernelTiling a = fwd_kernel_tiling(fwd_kernels()[i]);
+    if (a.rows == t.rows && a.block_n == t.block_n) return static_cast<int>(i);
+  }
+  return -1;
+}
+
 struct Case {
   Problem pr;
   std::vector<uint16_t> q, k, v, dout;
@@ -591,14 +600,8 @@ void setup(Case& c, uint64_t seed) {
     c.fwd_blocks.push_back(new DeviceBlocks(c.fwd_blocks_host.back()));
   }
   for (FwdKernel kernel : kExperimentalFwdKernels) {
-    const FwdKernelTiling t = fwd_kernel_tiling(kernel);
-    bool shared = false;
-    for (FwdKernel candidate : fwd_kernels()) {
-      const FwdKernelTiling a = fwd_kernel_tiling(candidate);
-      shared |= a.rows == t.rows && a.block_n == t.block_n;
-    }
     DeviceBlocks* blocks = nullptr;
-    if (!shared) {
+    if (candidate_with_tiling_of(kernel) < 0) {
       const TileShape ft = fwd_tile_shape(shape, kernel);
       blocks = new DeviceBlocks(build_blocks(m, ft.block_m, ft.block_n));
     }
@@ -762,22 +765,13 @@ bool g_experimental = false;
 //! Points c.fwd at experimental forward kernel `kernel`, with the BlockMask of the candidate kernel
 //! of the same tiling, or its own where no candidate has its tiling.
 void use_experimental_fwd_kernel(Case& c, FwdKernel kernel) {
-  for (size_t i = 0; i < kExperimentalFwdKernels.size(); ++i) {
-    if (kExperimentalFwdKernels[i] == kernel && c.experimental_fwd_blocks[i] != nullptr) {
-      c.fwd.kernel = kernel;
-      c.fwd.blocks = c.experimental_fwd_blocks[i]->params;
-      return;
-    }
+  c.fwd.kernel = kernel;
+  if (const int i = candidate_with_tiling_of(kernel); i >= 0) {
+    c.fwd.blocks = c.fwd_blocks[i]->params;
+    return;
   }
-  for (size_t i = 0; i < fwd_kernels().size(); ++i) {
-    const FwdKernelTiling a = fwd_kernel_tiling(fwd_kernels()[i]), b = fwd_kernel_tiling(kernel);
-    if (a.rows == b.rows && a.block_n == b.block_n) {
-      c.fwd.kernel = kernel;
-      c.fwd.blocks = c.fwd_blocks[i]->params;
-      return;
-    }
-  }
-  throw std::runtime_error(std::string("no candidate forward kernel has the tiling of ") + fwd_kernel_name(kernel));
+  const auto it = std::find(kExperimentalFwdKernels.begin(), kExperimentalFwdKernels.end(), kernel);
+  c.fwd.blocks = c.experimental_fwd_blocks[it - kExperimentalFwdKernels.begin()]->params;
 }
 
 bool check(const char* what, const char* against, const Errors& e, double tol) {
@@ -993,8 +987,7 @@ int main(int argc, char** argv) {
           for (size_t i = 0; i < dq1.size(); ++i) differing += dq1[i] != dq2[i];
           // With split kv blocks (few kv heads) dK and dV are summed by fp32 adds across CTAs too:
           // then they must agree to rounding, else bitwise.
-          const int64_t splits = tiling::bwd_atomic_dkdv_splits(params.shape.batch, params.shape.heads, params.shape.kv_heads,
-                                                                params.dkdv_blocks.num_kv_blocks);
+          const int64_t splits = bwd_dkdv_splits(params.shape, params.kernel);
           const Errors dk_diff = compare(bf16_to_float(c.d_dk.download()), bf16_to_float(dk1));
           const Errors dv_diff = compare(bf16_to_float(c.d_dv.download()), bf16_to_float(dv1));
           const bool kv_ok = splits > 1 ? dk_diff.nonfinite == 0 && dv_diff.nonfinite == 0 && dk_diff.rel_l2 <= 1e-2 &&

@@ -72,6 +72,26 @@ __device__ __forceinline__ void store_f32_rows(uint32_t tile, const float (&acc)
   }
 }
 
+//! wgmma_atomic's fp32 dV accumulator (split kv blocks): after dK's [B, KVH, kv_pad, D] floats.
+__device__ __forceinline__ float* dv_accumulator(const BwdParams& p, const BwdScratch& scratch, int head_dim) {
+  return scratch.dkdv_accum + static_cast<int64_t>(p.shape.batch) * p.shape.kv_heads * scratch.kv_pad * head_dim;
+}
+
+//! Writes 8 columns from `col` of an fp32 accumulator row (chunk-swizzled by `swizzle_row`, see
+//! dq_column_offset) to `dst` as bf16, times `factor`.
+__device__ __forceinline__ void convert_accumulator_row(const float* accum_row, int swizzle_row, int col, float factor,
+                                                        const __nv_bfloat16* dst) {
+  const unsigned char* bytes = reinterpret_cast<const unsigned char*>(accum_row);
+  const float4 a = *reinterpret_cast<const float4*>(bytes + dq_column_offset(swizzle_row, col));
+  const float4 b = *reinterpret_cast<const float4*>(bytes + dq_column_offset(swizzle_row, col + 4));
+  uint4 out;
+  out.x = pack_bf16(a.x * factor, a.y * factor);
+  out.y = pack_bf16(a.z * factor, a.w * factor);
+  out.z = pack_bf16(b.x * factor, b.y * factor);
+  out.w = pack_bf16(b.z * factor, b.w * factor);
+  *reinterpret_cast<uint4*>(const_cast<__nv_bfloat16*>(dst) + col) = out;
+}
+
 //! Adds `bytes` of fp32 from shared memory to global memory elementwise (asynchronous, in the
 //! calling thread's bulk group).
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
@@ -348,7 +368,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (num_steps == 0) return;  // nothing to add
     const uint32_t tile = consumer == 0 ? s_q : s_do;
     const int64_t accum_row = (static_cast<int64_t>(batch) * p.shape.kv_heads + kv_head) * scratch.kv_pad + kv0 + consumer * 64;
-    const int64_t tensor_floats = static_cast<int64_t>(p.shape.batch) * p.shape.kv_heads * scratch.kv_pad * kHeadDim;
     auto add_rows = [&](const float (&acc)[kHeadDim / 8][4], float* accum) {
       store_f32_rows<kHeadDim, kHeadDim>(tile, acc, warp_in_group * 16 + (lane >> 2), 0, lane);
       fence_async_shared();
@@ -361,7 +380,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       named_barrier_sync(1 + consumer, 128);  // the tile may be written again
     };
     add_rows(acc_dk, scratch.dkdv_accum);
-    add_rows(acc_dv, scratch.dkdv_accum + tensor_floats);
+    add_rows(acc_dv, dv_accumulator(p, scratch, kHeadDim));
     if (threadIdx.x % 128 == 0) bulk_wait_all();
     return;
   }
@@ -397,38 +416,21 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     const int64_t bh = kv_row / p.shape.kv_len;
     const int kv_head = static_cast<int>(bh % p.shape.kv_heads);
     const int batch = static_cast<int>(bh / p.shape.kv_heads);
-    const float factor = is_dv ? 1.f : p.scale;
-    const float* tensor = scratch.dkdv_accum + (is_dv ? kv_rows / p.shape.kv_len * scratch.kv_pad * kHeadDim : 0);
+    const float* tensor = is_dv ? dv_accumulator(p, scratch, kHeadDim) : scratch.dkdv_accum;
     // The tiles' chunk swizzle keys on the tile row: kv blocks and consumer halves start at
     // multiples of 64 keys, so the row of kv is swizzled by kv % 8.
-    const unsigned char* accum_row = reinterpret_cast<const unsigned char*>(tensor + (bh * scratch.kv_pad + kv) * kHeadDim);
-    const float4 a = *reinterpret_cast<const float4*>(accum_row + dq_column_offset(kv, col));
-    const float4 b = *reinterpret_cast<const float4*>(accum_row + dq_column_offset(kv, col + 4));
-    uint4 out;
-    out.x = pack_bf16(a.x * factor, a.y * factor);
-    out.y = pack_bf16(a.z * factor, a.w * factor);
-    out.z = pack_bf16(b.x * factor, b.y * factor);
-    out.w = pack_bf16(b.z * factor, b.w * factor);
-    const __nv_bfloat16* dst = row_pointer(is_dv ? p.dv : p.dk, batch, kv_head, kv);
-    *reinterpret_cast<uint4*>(const_cast<__nv_bfloat16*>(dst) + col) = out;
+    convert_accumulator_row(tensor + (bh * scratch.kv_pad + kv) * kHeadDim, kv, col, is_dv ? 1.f : p.scale,
+                            row_pointer(is_dv ? p.dv : p.dk, batch, kv_head, kv));
     return;
   }
   const int q = static_cast<int>(row % p.shape.q_len);
   const int64_t bh = row / p.shape.q_len;
   const int head = static_cast<int>(bh % p.shape.heads);
   const int batch = static_cast<int>(bh / p.shape.heads);
-  const unsigned char* accum_row =
-      reinterpret_cast<const unsigned char*>(scratch.dq_accum + (bh * scratch.q_pad + q) * kHeadDim);
   // The tiles' chunk swizzle keys on the tile row, whose low 3 bits are q's (q blocks start at
   // multiples of 16), so the accumulator row of q is swizzled by q % 8.
-  const float4 a = *reinterpret_cast<const float4*>(accum_row + dq_column_offset(q, col));
-  const float4 b = *reinterpret_cast<const float4*>(accum_row + dq_column_offset(q, col + 4));
-  uint4 out;
-  out.x = pack_bf16(a.x * p.scale, a.y * p.scale);
-  out.y = pack_bf16(a.z * p.scale, a.w * p.scale);
-  out.z = pack_bf16(b.x * p.scale, b.y * p.scale);
-  out.w = pack_bf16(b.z * p.scale, b.w * p.scale);
-  *reinterpret_cast<uint4*>(const_cast<__nv_bfloat16*>(row_pointer(p.dq, batch, head, q)) + col) = out;
+  convert_accumulator_row(scratch.dq_accum + (bh * scratch.q_pad + q) * kHeadDim, q, col, p.scale,
+                          row_pointer(p.dq, batch, head, q));
 }
 
 }  // namespace harness::kernels::cuda::device
