@@ -111,7 +111,7 @@ MaskDesc simple(MaskKind kind, int64_t documents = 1, int64_t window = 0) {
 std::vector<CudaKernelChoice> every_kernel() {
   std::vector<CudaKernelChoice> choices;
   for (const char* fwd : {"wgmma_m128_n128", "wgmma_m128_n64", "wgmma_m64_n64", "mma_m128_n64", "wgmma_m128_n128_pingpong",
-                          "wgmma_m64_n64_overlap"}) {
+                          "wgmma_m64_n64_overlap", "wgmma_m64_n64_overlap_kv_major", "wgmma_m128_n128_pingpong_kv_major"}) {
     choices.push_back({fwd, "wgmma"});
   }
   choices.push_back({"", "mma"});
@@ -493,6 +493,8 @@ TEST_CASE("fused_cuda autotunes its kernels once per key and names them in the d
   CHECK(records[0].reason.find("mma_m128_n64") != std::string::npos);
   CHECK(records[0].reason.find("wgmma_m128_n128_pingpong") != std::string::npos);
   CHECK(records[0].reason.find("wgmma_m64_n64_overlap") != std::string::npos);
+  CHECK(records[0].reason.find("wgmma_m64_n64_overlap_kv_major") != std::string::npos);
+  CHECK(records[0].reason.find("wgmma_m128_n128_pingpong_kv_major") != std::string::npos);
   CHECK(records[2].reason.find("autotuned (memory") != std::string::npos);
   CHECK(records[0].config == records[2].config);
   CHECK(records[1].reason.find("autotuned (") != std::string::npos);
@@ -616,6 +618,9 @@ TEST_CASE("a forward kernel's description is its configuration's", "[attention]"
   const std::string overlap = kc::describe_fwd_config(shape, kc::FwdKernel::wgmma_m64_n64_overlap);
   CHECK(overlap.find("1 wgmma consumer warpgroup, P V issued with the next S") != std::string::npos);
   CHECK(overlap.find("2 CTAs/SM") != std::string::npos);
+  CHECK(overlap.find("kv head by kv head") == std::string::npos);
+  CHECK(kc::describe_fwd_config(shape, kc::FwdKernel::wgmma_m64_n64_overlap_kv_major).find(", kv head by kv head") !=
+        std::string::npos);
   for (kc::FwdKernel kernel : kc::kExperimentalFwdKernels) {
     CHECK(kc::describe_fwd_config(shape, kernel).find("(EXPERIMENTAL)") != std::string::npos);
   }

@@ -51,7 +51,30 @@ enum class FwdKernel : int32_t {
   //! Experimental (session 17): built, never run yet (the self-test could not give it a BlockMask
   //! until after the session's last device call).
   wgmma_m64_n128_overlap = 8,
+  //! wgmma_m64_n64_overlap and wgmma_m128_n128_pingpong with their CTA table kv head by kv head
+  //! (ScheduleOrder::kv_head): the CTAs running at once read one kv head's K/V instead of all of
+  //! them, at the cost of a launch that no longer ends on the cheapest items of every head. H200,
+  //! session 18 (Nsight Compute, kernel µs, batch order -> kv head order): the overlapped forward
+  //! dflash-512 311.5 -> 298.9, dflash-512-hd64 235.0 -> 228.9, but dflash-128 82.4 -> 90.1; the
+  //! ping-pong document_causal-8k 283.6 -> 275.1, sliding_window-8k 289.3 -> 281.0, but dflash-512
+  //! 328.3 -> 349.3 and causal-128 461.9 -> 461.8. Neither order wins everywhere, so both are
+  //! candidates and the autotuner picks.
+  wgmma_m64_n64_overlap_kv_major = 9,
+  wgmma_m128_n128_pingpong_kv_major = 10,
 };
+
+//! The order of a launch's CTA table (schedule_kernel.cuh), longest first within each group:
+//! `interleaved`, each item's copies for every batch and head in turn; `batch`, batch by batch;
+//! `kv_head`, batch by batch and within a batch kv head by kv head.
+enum class ScheduleOrder : int32_t { interleaved = 0, batch = 1, kv_head = 2 };
+
+//! The schedule order a forward kernel runs with (the backwards run `batch`: the kv head order
+//! measured 3-31% slower on every backward, H200 session 18).
+constexpr ScheduleOrder fwd_kernel_schedule_order(FwdKernel kernel) {
+  return kernel == FwdKernel::wgmma_m64_n64_overlap_kv_major || kernel == FwdKernel::wgmma_m128_n128_pingpong_kv_major
+             ? ScheduleOrder::kv_head
+             : ScheduleOrder::batch;
+}
 
 //! The backward kernels (autotuner candidates); all read the dK/dV BlockMask, the first two the
 //! dQ one too.
@@ -81,6 +104,8 @@ constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
     case FwdKernel::wgmma_m128_n128_pingpong_persistent: return {128, 128};
     case FwdKernel::wgmma_m128_n64_pingpong: return {128, 64};
     case FwdKernel::wgmma_m64_n128_overlap: return {64, 128};
+    case FwdKernel::wgmma_m64_n64_overlap_kv_major: return {64, 64};
+    case FwdKernel::wgmma_m128_n128_pingpong_kv_major: return {128, 128};
   }
   return {128, 64};
 }
@@ -90,7 +115,8 @@ constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
 constexpr bool fwd_kernel_reads_mask_bits(FwdKernel kernel) {
   return kernel == FwdKernel::wgmma_m128_n128_pingpong || kernel == FwdKernel::wgmma_m64_n64_overlap ||
          kernel == FwdKernel::wgmma_m128_n128_pingpong_persistent || kernel == FwdKernel::wgmma_m128_n64_pingpong ||
-         kernel == FwdKernel::wgmma_m64_n128_overlap;
+         kernel == FwdKernel::wgmma_m64_n128_overlap || kernel == FwdKernel::wgmma_m64_n64_overlap_kv_major ||
+         kernel == FwdKernel::wgmma_m128_n128_pingpong_kv_major;
 }
 //! The names the dispatch trace, the tuning cache and CudaKernelChoice use.
 constexpr const char* fwd_kernel_label(FwdKernel kernel) {
@@ -104,13 +130,16 @@ constexpr const char* fwd_kernel_label(FwdKernel kernel) {
     case FwdKernel::wgmma_m128_n128_pingpong_persistent: return "wgmma_m128_n128_pingpong_persistent";
     case FwdKernel::wgmma_m128_n64_pingpong: return "wgmma_m128_n64_pingpong";
     case FwdKernel::wgmma_m64_n128_overlap: return "wgmma_m64_n128_overlap";
+    case FwdKernel::wgmma_m64_n64_overlap_kv_major: return "wgmma_m64_n64_overlap_kv_major";
+    case FwdKernel::wgmma_m128_n128_pingpong_kv_major: return "wgmma_m128_n128_pingpong_kv_major";
   }
   return "unknown";
 }
 //! Every forward kernel, the default (what runs untuned) first.
 constexpr FwdKernel kFwdKernels[] = {FwdKernel::wgmma_m128_n128, FwdKernel::wgmma_m128_n64, FwdKernel::wgmma_m64_n64,
                                      FwdKernel::mma_m128_n64, FwdKernel::wgmma_m128_n128_pingpong,
-                                     FwdKernel::wgmma_m64_n64_overlap};
+                                     FwdKernel::wgmma_m64_n64_overlap, FwdKernel::wgmma_m64_n64_overlap_kv_major,
+                                     FwdKernel::wgmma_m128_n128_pingpong_kv_major};
 //! Untuned forward: the 128x128 wgmma kernel, fastest on near-dense masks (H200, causal 128 anchors:
 //! 0.520 ms against 0.595 / 0.613 / 1.313 for the others) and within 22% of the best on dflash
 //! (0.135 ms against wgmma_m64_n64's 0.111 at 128 anchors), which the autotuner picks there.

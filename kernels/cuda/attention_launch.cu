@@ -10,6 +10,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <utility>
@@ -174,19 +175,51 @@ void check_scratch(const void* scratch, size_t have, size_t need, const char* wh
   }
 }
 
-//! Writes the longest-first CTA table of two work classes (see schedule_kernel.cuh), batch by
-//! batch (`batches`: the launch's batch size, a factor of both classes' copies).
-void launch_schedule(const device::WorkClass& first, const device::WorkClass& second, int batches, WorkItem* schedule,
-                     cudaStream_t stream) {
+//! HARNESS_SCHEDULE_ORDER (read once: interleaved, batch or kv_head) overrides every launch's
+//! schedule order, for A/B runs; HARNESS_SCHEDULE_BATCH_MAJOR=0 (session 17's knob) means
+//! `interleaved`.
+std::optional<ScheduleOrder> schedule_order_override() {
+  static const std::optional<ScheduleOrder> order = []() -> std::optional<ScheduleOrder> {
+    const char* legacy = std::getenv("HARNESS_SCHEDULE_BATCH_MAJOR");
+    if (legacy != nullptr && std::string(legacy) == "0") return ScheduleOrder::interleaved;
+    const char* env = std::getenv("HARNESS_SCHEDULE_ORDER");
+    const std::string value = env == nullptr ? "" : env;
+    if (value.empty()) return std::nullopt;
+    if (value == "interleaved") return ScheduleOrder::interleaved;
+    if (value == "batch") return ScheduleOrder::batch;
+    if (value == "kv_head") return ScheduleOrder::kv_head;
+    throw UnsupportedConfig("HARNESS_SCHEDULE_ORDER='" + value + "': expected interleaved, batch or kv_head");
+  }();
+  return order;
+}
+
+//! Writes the longest-first CTA table of two work classes (see schedule_kernel.cuh) in `order`
+//! (unless HARNESS_SCHEDULE_ORDER overrides it). Every kernel numbers a copy batch-major, then by head (pack) or kv head,
+//! so the table's groups are the outermost factor of the copies: the batch, times the largest
+//! number of kv-head groups that divides every class's copies per batch (copies of one group then
+//! cover whole kv heads' heads).
+void launch_schedule(const device::WorkClass& first, const device::WorkClass& second, const AttentionShape& shape,
+                     ScheduleOrder order, WorkItem* schedule, cudaStream_t stream) {
   const int items = first.count + second.count;
   const bool ranked = items <= ScheduleConfig::kMaxRankedItems;
   const int smem = ranked ? device::schedule_smem_bytes(items) : 0;
-  static const bool batch_major = [] {
-    const char* env = std::getenv("HARNESS_SCHEDULE_BATCH_MAJOR");
-    return env == nullptr || std::string(env) != "0";
-  }();
-  if (!batch_major) batches = 1;
-  device::build_schedule_kernel<<<1, ScheduleConfig::kThreads, smem, stream>>>(first, second, batches, ranked, schedule);
+  int groups = 1;
+  switch (schedule_order_override().value_or(order)) {
+    case ScheduleOrder::interleaved:
+      break;
+    case ScheduleOrder::batch:
+      groups = shape.batch;
+      break;
+    case ScheduleOrder::kv_head: {
+      int per_batch = shape.kv_heads;
+      for (const device::WorkClass* c : {&first, &second}) {
+        if (c->count > 0) per_batch = std::gcd(per_batch, c->copies / shape.batch);
+      }
+      groups = shape.batch * per_batch;
+      break;
+    }
+  }
+  device::build_schedule_kernel<<<1, ScheduleConfig::kThreads, smem, stream>>>(first, second, groups, ranked, schedule);
   HARNESS_CUDA_LAUNCH_CHECK("build_schedule_kernel");
 }
 
@@ -388,6 +421,12 @@ bool with_wgmma_fwd_config(FwdKernel kernel, F&& f) {
     case FwdKernel::wgmma_m64_n64_overlap:
       f(WgmmaFwd<FwdKernel::wgmma_m64_n64_overlap, FwdWgmmaConfig<kHeadDim, 64, 1, 2, 2, true>>{});
       return true;
+    case FwdKernel::wgmma_m64_n64_overlap_kv_major:  // the same kernel, its CTA table kv head by kv head
+      f(WgmmaFwd<FwdKernel::wgmma_m64_n64_overlap_kv_major, FwdWgmmaConfig<kHeadDim, 64, 1, 2, 2, true>>{});
+      return true;
+    case FwdKernel::wgmma_m128_n128_pingpong_kv_major:
+      f(WgmmaFwd<FwdKernel::wgmma_m128_n128_pingpong_kv_major, FwdWgmmaConfig<kHeadDim, 128, 2, 3, 1, true>>{});
+      return true;
     case FwdKernel::wgmma_m128_n128_pingpong_persistent:
       f(WgmmaFwd<FwdKernel::wgmma_m128_n128_pingpong_persistent, FwdWgmmaConfig<kHeadDim, 128, 2, 2, 1, true>>{});
       return true;
@@ -416,7 +455,7 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   const device::WorkClass q_blocks{params.blocks.num_q_blocks, params.blocks.kv_num_blocks, params.blocks.full_kv_num_blocks,
                                    1, 1, static_cast<int32_t>(ctas / params.blocks.num_q_blocks)};
   if (!params.schedule.built()) {
-    launch_schedule(device::WorkClass{}, q_blocks, params.shape.batch, schedule, stream);
+    launch_schedule(device::WorkClass{}, q_blocks, params.shape, fwd_kernel_schedule_order(params.kernel), schedule, stream);
     // A kept schedule's counter: zeroed once, here; the persistent kernels leave it at 0.
     if (params.schedule.items) HARNESS_CUDA_CHECK(cudaMemsetAsync(fwd_item_counter(params, ctas), 0, sizeof(int), stream));
     // The partial blocks' mask bits, kept with the schedule (they depend on the mask and the
@@ -452,7 +491,7 @@ void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, cons
     const int packs = (s.heads / s.kv_heads) / dkdv_tile.heads_packed / splits;
     const device::WorkClass items{params.dkdv_blocks.num_kv_blocks, params.dkdv_blocks.q_num_blocks,
                                   params.dkdv_blocks.full_q_num_blocks, 5 * packs, 4, s.kv_heads * s.batch * splits};
-    if (!params.schedule.built()) launch_schedule(items, device::WorkClass{}, s.batch, scratch.schedule, stream);
+    if (!params.schedule.built()) launch_schedule(items, device::WorkClass{}, s, ScheduleOrder::batch, scratch.schedule, stream);
     device::BwdTensorMaps maps;
     maps.q_dkdv = q_side_map(params.q, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "q");
     maps.dout_dkdv = q_side_map(params.dout, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "dout");
@@ -530,7 +569,7 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   const device::WorkClass dq_items{params.dq_blocks.num_q_blocks, params.dq_blocks.kv_num_blocks,
                                    params.dq_blocks.full_kv_num_blocks, 3, 3,
                                    (params.shape.heads / dq_tile.heads_packed) * params.shape.batch};
-  if (!params.schedule.built()) launch_schedule(dkdv_items, dq_items, params.shape.batch, scratch.schedule, stream);
+  if (!params.schedule.built()) launch_schedule(dkdv_items, dq_items, params.shape, ScheduleOrder::batch, scratch.schedule, stream);
 
   if (params.kernel == BwdKernel::mma) {
     return launch_kernel(device::attention_bwd_kernel<DkdvCfg, DqCfg>, "attention_bwd_kernel", ctas, DkdvCfg::kThreads,
@@ -644,6 +683,7 @@ std::string describe_fwd_config(const AttentionShape& shape, FwdKernel kernel) {
   } else {
     with_wgmma_fwd_config<128>(kernel, describe);
   }
+  if (fwd_kernel_schedule_order(kernel) == ScheduleOrder::kv_head) text += ", kv head by kv head";
   const bool experimental = std::find(kExperimentalFwdKernels.begin(), kExperimentalFwdKernels.end(), kernel) !=
                             kExperimentalFwdKernels.end();
   return experimental ? text + " (EXPERIMENTAL)" : text;
