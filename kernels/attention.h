@@ -78,7 +78,8 @@ struct CpuTileConfig {
 struct CudaKernelChoice {
   std::string fwd;  //!< "", "wgmma_m128_n128", "wgmma_m128_n64", "wgmma_m64_n64", "mma_m128_n64",
                     //!< "wgmma_m128_n128_pingpong", "wgmma_m64_n64_overlap",
-                    //!< "wgmma_m64_n64_overlap_kv_major", "wgmma_m128_n128_pingpong_kv_major"
+                    //!< "wgmma_m64_n64_overlap_kv_major", "wgmma_m128_n128_pingpong_kv_major",
+                    //!< "wgmma_m64_n128_overlap", "wgmma_m64_n128_overlap_kv_major"
   std::string bwd;  //!< "", "wgmma", "mma", "wgmma_atomic"
   //! Keep the kernels' CTA schedules with the MaskContext after the first call (saves the schedule
   //! kernel on every later call). The PyTorch op turns it off: under torch.compile's CUDA graph

@@ -111,7 +111,8 @@ MaskDesc simple(MaskKind kind, int64_t documents = 1, int64_t window = 0) {
 std::vector<CudaKernelChoice> every_kernel() {
   std::vector<CudaKernelChoice> choices;
   for (const char* fwd : {"wgmma_m128_n128", "wgmma_m128_n64", "wgmma_m64_n64", "mma_m128_n64", "wgmma_m128_n128_pingpong",
-                          "wgmma_m64_n64_overlap", "wgmma_m64_n64_overlap_kv_major", "wgmma_m128_n128_pingpong_kv_major"}) {
+                          "wgmma_m64_n64_overlap", "wgmma_m64_n64_overlap_kv_major", "wgmma_m128_n128_pingpong_kv_major",
+                          "wgmma_m64_n128_overlap", "wgmma_m64_n128_overlap_kv_major"}) {
     choices.push_back({fwd, "wgmma"});
   }
   choices.push_back({"", "mma"});

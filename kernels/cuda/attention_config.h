@@ -48,10 +48,11 @@ enum class FwdKernel : int32_t {
   //! wgmma_m64_n64_overlap on 128-key tiles: half the steps per item, so half the per-step
   //! barriers, waits and row reductions, for head_dim 64 where those weigh most against the
   //! products (2 CTAs per SM there; 1 at head_dim 128, where the K/V ring needs 128 KB).
-  //! Experimental (session 17): built, never run yet (the self-test could not give it a BlockMask
-  //! until after the session's last device call).
+  //! A candidate since session 18: correct (self-test, `[cuda]` cases) and at head_dim 64 the
+  //! fastest forward the self-test timed on dflash 512 anchors (H200: 0.262 ms against the
+  //! ping-pong's 0.264 and wgmma_m64_n64_overlap's 0.269).
   wgmma_m64_n128_overlap = 8,
-  //! wgmma_m64_n64_overlap and wgmma_m128_n128_pingpong with their CTA table kv head by kv head
+  //! wgmma_m64_n64_overlap, wgmma_m128_n128_pingpong and wgmma_m64_n128_overlap with their CTA table kv head by kv head
   //! (ScheduleOrder::kv_head): the CTAs running at once read one kv head's K/V instead of all of
   //! them, at the cost of a launch that no longer ends on the cheapest items of every head. H200,
   //! session 18 (Nsight Compute, kernel µs, batch order -> kv head order): the overlapped forward
@@ -61,6 +62,7 @@ enum class FwdKernel : int32_t {
   //! candidates and the autotuner picks.
   wgmma_m64_n64_overlap_kv_major = 9,
   wgmma_m128_n128_pingpong_kv_major = 10,
+  wgmma_m64_n128_overlap_kv_major = 11,
 };
 
 //! The order of a launch's CTA table (schedule_kernel.cuh), longest first within each group:
@@ -71,7 +73,8 @@ enum class ScheduleOrder : int32_t { interleaved = 0, batch = 1, kv_head = 2 };
 //! The schedule order a forward kernel runs with (the backwards run `batch`: the kv head order
 //! measured 3-31% slower on every backward, H200 session 18).
 constexpr ScheduleOrder fwd_kernel_schedule_order(FwdKernel kernel) {
-  return kernel == FwdKernel::wgmma_m64_n64_overlap_kv_major || kernel == FwdKernel::wgmma_m128_n128_pingpong_kv_major
+  return kernel == FwdKernel::wgmma_m64_n64_overlap_kv_major || kernel == FwdKernel::wgmma_m128_n128_pingpong_kv_major ||
+                 kernel == FwdKernel::wgmma_m64_n128_overlap_kv_major
              ? ScheduleOrder::kv_head
              : ScheduleOrder::batch;
 }
@@ -106,6 +109,7 @@ constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
     case FwdKernel::wgmma_m64_n128_overlap: return {64, 128};
     case FwdKernel::wgmma_m64_n64_overlap_kv_major: return {64, 64};
     case FwdKernel::wgmma_m128_n128_pingpong_kv_major: return {128, 128};
+    case FwdKernel::wgmma_m64_n128_overlap_kv_major: return {64, 128};
   }
   return {128, 64};
 }
@@ -116,7 +120,7 @@ constexpr bool fwd_kernel_reads_mask_bits(FwdKernel kernel) {
   return kernel == FwdKernel::wgmma_m128_n128_pingpong || kernel == FwdKernel::wgmma_m64_n64_overlap ||
          kernel == FwdKernel::wgmma_m128_n128_pingpong_persistent || kernel == FwdKernel::wgmma_m128_n64_pingpong ||
          kernel == FwdKernel::wgmma_m64_n128_overlap || kernel == FwdKernel::wgmma_m64_n64_overlap_kv_major ||
-         kernel == FwdKernel::wgmma_m128_n128_pingpong_kv_major;
+         kernel == FwdKernel::wgmma_m128_n128_pingpong_kv_major || kernel == FwdKernel::wgmma_m64_n128_overlap_kv_major;
 }
 //! The names the dispatch trace, the tuning cache and CudaKernelChoice use.
 constexpr const char* fwd_kernel_label(FwdKernel kernel) {
@@ -132,6 +136,7 @@ constexpr const char* fwd_kernel_label(FwdKernel kernel) {
     case FwdKernel::wgmma_m64_n128_overlap: return "wgmma_m64_n128_overlap";
     case FwdKernel::wgmma_m64_n64_overlap_kv_major: return "wgmma_m64_n64_overlap_kv_major";
     case FwdKernel::wgmma_m128_n128_pingpong_kv_major: return "wgmma_m128_n128_pingpong_kv_major";
+    case FwdKernel::wgmma_m64_n128_overlap_kv_major: return "wgmma_m64_n128_overlap_kv_major";
   }
   return "unknown";
 }
@@ -139,7 +144,8 @@ constexpr const char* fwd_kernel_label(FwdKernel kernel) {
 constexpr FwdKernel kFwdKernels[] = {FwdKernel::wgmma_m128_n128, FwdKernel::wgmma_m128_n64, FwdKernel::wgmma_m64_n64,
                                      FwdKernel::mma_m128_n64, FwdKernel::wgmma_m128_n128_pingpong,
                                      FwdKernel::wgmma_m64_n64_overlap, FwdKernel::wgmma_m64_n64_overlap_kv_major,
-                                     FwdKernel::wgmma_m128_n128_pingpong_kv_major};
+                                     FwdKernel::wgmma_m128_n128_pingpong_kv_major, FwdKernel::wgmma_m64_n128_overlap,
+                                     FwdKernel::wgmma_m64_n128_overlap_kv_major};
 //! Untuned forward: the 128x128 wgmma kernel, fastest on near-dense masks (H200, causal 128 anchors:
 //! 0.520 ms against 0.595 / 0.613 / 1.313 for the others) and within 22% of the best on dflash
 //! (0.135 ms against wgmma_m64_n64's 0.111 at 128 anchors), which the autotuner picks there.
@@ -147,9 +153,8 @@ constexpr FwdKernel kDefaultFwdKernel = kFwdKernels[0];
 //! Forward kernels that exist but are no candidates yet (`harness_attention_selftest
 //! --experimental` checks and times them). The ping-pong kernel was one until it ran correctly
 //! and, at causal 128 anchors, faster than wgmma_m128_n128 (H200, session 8).
-constexpr std::array<FwdKernel, 3> kExperimentalFwdKernels{FwdKernel::wgmma_m128_n128_pingpong_persistent,
-                                                           FwdKernel::wgmma_m128_n64_pingpong,
-                                                           FwdKernel::wgmma_m64_n128_overlap};
+constexpr std::array<FwdKernel, 2> kExperimentalFwdKernels{FwdKernel::wgmma_m128_n128_pingpong_persistent,
+                                                           FwdKernel::wgmma_m128_n64_pingpong};
 
 constexpr const char* bwd_kernel_label(BwdKernel kernel) {
   switch (kernel) {

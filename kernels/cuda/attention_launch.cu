@@ -436,6 +436,9 @@ bool with_wgmma_fwd_config(FwdKernel kernel, F&& f) {
     case FwdKernel::wgmma_m64_n128_overlap:
       f(WgmmaFwd<FwdKernel::wgmma_m64_n128_overlap, FwdWgmmaConfig<kHeadDim, 128, 1, 2, kHeadDim == 64 ? 2 : 1, true>>{});
       return true;
+    case FwdKernel::wgmma_m64_n128_overlap_kv_major:
+      f(WgmmaFwd<FwdKernel::wgmma_m64_n128_overlap_kv_major, FwdWgmmaConfig<kHeadDim, 128, 1, 2, kHeadDim == 64 ? 2 : 1, true>>{});
+      return true;
     case FwdKernel::mma_m128_n64:
       return false;
   }
