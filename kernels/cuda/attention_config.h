@@ -52,14 +52,15 @@ enum class FwdKernel : int32_t {
   //! fastest forward the self-test timed on dflash 512 anchors (H200: 0.262 ms against the
   //! ping-pong's 0.264 and wgmma_m64_n64_overlap's 0.269).
   wgmma_m64_n128_overlap = 8,
-  //! wgmma_m64_n64_overlap, wgmma_m128_n128_pingpong and wgmma_m64_n128_overlap with their CTA table kv head by kv head
-  //! (ScheduleOrder::kv_head): the CTAs running at once read one kv head's K/V instead of all of
-  //! them, at the cost of a launch that no longer ends on the cheapest items of every head. H200,
+  //! wgmma_m64_n64_overlap, wgmma_m128_n128_pingpong and wgmma_m64_n128_overlap with their CTA
+  //! table kv head by kv head (ScheduleOrder::kv_head): the CTAs running at once read one kv
+  //! head's K/V instead of all of them, at the cost of a launch that no longer ends on the cheapest items of every head. H200,
   //! session 18 (Nsight Compute, kernel µs, batch order -> kv head order): the overlapped forward
   //! dflash-512 311.5 -> 298.9, dflash-512-hd64 235.0 -> 228.9, but dflash-128 82.4 -> 90.1; the
   //! ping-pong document_causal-8k 283.6 -> 275.1, sliding_window-8k 289.3 -> 281.0, but dflash-512
   //! 328.3 -> 349.3 and causal-128 461.9 -> 461.8. Neither order wins everywhere, so both are
-  //! candidates and the autotuner picks.
+  //! candidates and the autotuner picks (fair bench, session 18: the kv-major twins picked on
+  //! dflash-512, dflash-512-hd64 and document_causal-8k, the batch order on dflash-128).
   wgmma_m64_n64_overlap_kv_major = 9,
   wgmma_m128_n128_pingpong_kv_major = 10,
   wgmma_m64_n128_overlap_kv_major = 11,

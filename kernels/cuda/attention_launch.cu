@@ -194,10 +194,10 @@ std::optional<ScheduleOrder> schedule_order_override() {
 }
 
 //! Writes the longest-first CTA table of two work classes (see schedule_kernel.cuh) in `order`
-//! (unless HARNESS_SCHEDULE_ORDER overrides it). Every kernel numbers a copy batch-major, then by head (pack) or kv head,
-//! so the table's groups are the outermost factor of the copies: the batch, times the largest
-//! number of kv-head groups that divides every class's copies per batch (copies of one group then
-//! cover whole kv heads' heads).
+//! (unless HARNESS_SCHEDULE_ORDER overrides it). Every kernel numbers a copy batch-major, then by
+//! head (pack) or kv head, so the table's groups are the outermost factor of the copies: the
+//! batch, times (kv_head order) the largest number of kv-head groups that divides every class's
+//! copies per batch (the copies of one group then cover whole kv heads' heads).
 void launch_schedule(const device::WorkClass& first, const device::WorkClass& second, const AttentionShape& shape,
                      ScheduleOrder order, WorkItem* schedule, cudaStream_t stream) {
   const int items = first.count + second.count;

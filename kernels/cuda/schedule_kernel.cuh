@@ -30,12 +30,14 @@ struct WorkClass {
 //! With `ranked` false (too many items for the O(n^2) ranking in shared memory) the order is
 //! the item numbering itself. One CTA; dynamic shared memory: schedule_smem_bytes(items) when
 //! ranked.
-//! `batches` > 1 (every class's copies a multiple of it, the batch the outermost factor of a
-//! copy, as every kernel numbers them): the whole longest-first order of batch 0, then of batch
-//! 1, ...: the CTAs running at once then read one batch's K/V instead of all of them, and the
-//! launch still ends on the cheapest items. dflash-512 at batch 2 ran 5% faster so (H200,
-//! PERF_NOTES.md v15): likely the L2, which holds one batch's context K/V (32 MiB) but not two.
-__global__ void build_schedule_kernel(WorkClass first, WorkClass second, int batches, bool ranked,
+//! `groups` > 1 (every class's copies a multiple of it, the group the outermost factor of a copy,
+//! as every kernel numbers them: batch, then head or kv head): the whole longest-first order of
+//! group 0, then of group 1, ...; each group's order still ends on its cheapest items. Groups of
+//! one batch (ScheduleOrder::batch): the CTAs running at once read one batch's K/V instead of all
+//! of them; dflash-512 at batch 2 ran 5% faster so (H200, PERF_NOTES.md v15), likely the L2, which
+//! holds one batch's context K/V (32 MiB) but not two. Groups of one or a few kv heads within a
+//! batch (ScheduleOrder::kv_head, the `_kv_major` forwards): one kv head's K/V (v16).
+__global__ void build_schedule_kernel(WorkClass first, WorkClass second, int groups, bool ranked,
                                       WorkItem* __restrict__ schedule) {
   extern __shared__ int32_t cost[];
   const int n = first.count + second.count;
@@ -64,13 +66,13 @@ __global__ void build_schedule_kernel(WorkClass first, WorkClass second, int bat
         }
       }
     }
-    const int first_copies = first.copies / batches, second_copies = second.copies / batches;
-    const int per_batch = first.count * first_copies + second.count * second_copies;
+    const int first_copies = first.copies / groups, second_copies = second.copies / groups;
+    const int per_group = first.count * first_copies + second.count * second_copies;
     const int start = first_before * first_copies + (rank - first_before) * second_copies;
     const int copies = item < first.count ? first_copies : second_copies;
-    for (int batch = 0; batch < batches; ++batch) {
+    for (int group = 0; group < groups; ++group) {
       for (int copy = 0; copy < copies; ++copy) {
-        schedule[batch * per_batch + start + copy] = WorkItem{item, batch * copies + copy};
+        schedule[group * per_group + start + copy] = WorkItem{item, group * copies + copy};
       }
     }
   }
