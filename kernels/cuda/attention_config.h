@@ -71,13 +71,21 @@ enum class FwdKernel : int32_t {
 //! `kv_head`, batch by batch and within a batch kv head by kv head.
 enum class ScheduleOrder : int32_t { interleaved = 0, batch = 1, kv_head = 2 };
 
+//! The kernel a forward candidate launches: a `_kv_major` twin's base kernel, else itself. A twin
+//! differs from its base only in its CTA table's order (and so in its kept schedule).
+constexpr FwdKernel fwd_kernel_base(FwdKernel kernel) {
+  switch (kernel) {
+    case FwdKernel::wgmma_m64_n64_overlap_kv_major: return FwdKernel::wgmma_m64_n64_overlap;
+    case FwdKernel::wgmma_m128_n128_pingpong_kv_major: return FwdKernel::wgmma_m128_n128_pingpong;
+    case FwdKernel::wgmma_m64_n128_overlap_kv_major: return FwdKernel::wgmma_m64_n128_overlap;
+    default: return kernel;
+  }
+}
+
 //! The schedule order a forward kernel runs with (the backwards run `batch`: the kv head order
-//! measured 3-31% slower on every backward, H200 session 18).
+//! measured 1-31% slower on every backward, H200 session 18).
 constexpr ScheduleOrder fwd_kernel_schedule_order(FwdKernel kernel) {
-  return kernel == FwdKernel::wgmma_m64_n64_overlap_kv_major || kernel == FwdKernel::wgmma_m128_n128_pingpong_kv_major ||
-                 kernel == FwdKernel::wgmma_m64_n128_overlap_kv_major
-             ? ScheduleOrder::kv_head
-             : ScheduleOrder::batch;
+  return fwd_kernel_base(kernel) != kernel ? ScheduleOrder::kv_head : ScheduleOrder::batch;
 }
 
 //! The backward kernels (autotuner candidates); all read the dK/dV BlockMask, the first two the
@@ -108,9 +116,9 @@ constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
     case FwdKernel::wgmma_m128_n128_pingpong_persistent: return {128, 128};
     case FwdKernel::wgmma_m128_n64_pingpong: return {128, 64};
     case FwdKernel::wgmma_m64_n128_overlap: return {64, 128};
-    case FwdKernel::wgmma_m64_n64_overlap_kv_major: return {64, 64};
-    case FwdKernel::wgmma_m128_n128_pingpong_kv_major: return {128, 128};
-    case FwdKernel::wgmma_m64_n128_overlap_kv_major: return {64, 128};
+    case FwdKernel::wgmma_m64_n64_overlap_kv_major:
+    case FwdKernel::wgmma_m128_n128_pingpong_kv_major:
+    case FwdKernel::wgmma_m64_n128_overlap_kv_major: return fwd_kernel_tiling(fwd_kernel_base(kernel));
   }
   return {128, 64};
 }
@@ -118,10 +126,10 @@ constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
 //! schedule (the overlapped kernels, FwdWgmmaConfig::kOverlap: fwd_wgmma_kernel.cuh, mask_bits.cuh)
 //! rather than evaluating the mask per score.
 constexpr bool fwd_kernel_reads_mask_bits(FwdKernel kernel) {
-  return kernel == FwdKernel::wgmma_m128_n128_pingpong || kernel == FwdKernel::wgmma_m64_n64_overlap ||
-         kernel == FwdKernel::wgmma_m128_n128_pingpong_persistent || kernel == FwdKernel::wgmma_m128_n64_pingpong ||
-         kernel == FwdKernel::wgmma_m64_n128_overlap || kernel == FwdKernel::wgmma_m64_n64_overlap_kv_major ||
-         kernel == FwdKernel::wgmma_m128_n128_pingpong_kv_major || kernel == FwdKernel::wgmma_m64_n128_overlap_kv_major;
+  const FwdKernel base = fwd_kernel_base(kernel);
+  return base == FwdKernel::wgmma_m128_n128_pingpong || base == FwdKernel::wgmma_m64_n64_overlap ||
+         base == FwdKernel::wgmma_m128_n128_pingpong_persistent || base == FwdKernel::wgmma_m128_n64_pingpong ||
+         base == FwdKernel::wgmma_m64_n128_overlap;
 }
 //! The names the dispatch trace, the tuning cache and CudaKernelChoice use.
 constexpr const char* fwd_kernel_label(FwdKernel kernel) {

@@ -421,12 +421,6 @@ bool with_wgmma_fwd_config(FwdKernel kernel, F&& f) {
     case FwdKernel::wgmma_m64_n64_overlap:
       f(WgmmaFwd<FwdKernel::wgmma_m64_n64_overlap, FwdWgmmaConfig<kHeadDim, 64, 1, 2, 2, true>>{});
       return true;
-    case FwdKernel::wgmma_m64_n64_overlap_kv_major:  // the same kernel, its CTA table kv head by kv head
-      f(WgmmaFwd<FwdKernel::wgmma_m64_n64_overlap_kv_major, FwdWgmmaConfig<kHeadDim, 64, 1, 2, 2, true>>{});
-      return true;
-    case FwdKernel::wgmma_m128_n128_pingpong_kv_major:
-      f(WgmmaFwd<FwdKernel::wgmma_m128_n128_pingpong_kv_major, FwdWgmmaConfig<kHeadDim, 128, 2, 3, 1, true>>{});
-      return true;
     case FwdKernel::wgmma_m128_n128_pingpong_persistent:
       f(WgmmaFwd<FwdKernel::wgmma_m128_n128_pingpong_persistent, FwdWgmmaConfig<kHeadDim, 128, 2, 2, 1, true>>{});
       return true;
@@ -436,9 +430,10 @@ bool with_wgmma_fwd_config(FwdKernel kernel, F&& f) {
     case FwdKernel::wgmma_m64_n128_overlap:
       f(WgmmaFwd<FwdKernel::wgmma_m64_n128_overlap, FwdWgmmaConfig<kHeadDim, 128, 1, 2, kHeadDim == 64 ? 2 : 1, true>>{});
       return true;
+    case FwdKernel::wgmma_m64_n64_overlap_kv_major:  // the same kernels, their CTA tables kv head by kv head
+    case FwdKernel::wgmma_m128_n128_pingpong_kv_major:
     case FwdKernel::wgmma_m64_n128_overlap_kv_major:
-      f(WgmmaFwd<FwdKernel::wgmma_m64_n128_overlap_kv_major, FwdWgmmaConfig<kHeadDim, 128, 1, 2, kHeadDim == 64 ? 2 : 1, true>>{});
-      return true;
+      return with_wgmma_fwd_config<kHeadDim>(fwd_kernel_base(kernel), std::forward<F>(f));
     case FwdKernel::mma_m128_n64:
       return false;
   }

@@ -522,15 +522,14 @@ Outputs cpu_reference(const Problem& pr, const std::vector<float>& q, const std:
   return out;
 }
 
-//! Index in fwd_kernels() of the candidate whose tiling (and so BlockMask) `kernel` shares, or -1.
-int candidate_with_tiling_of(FwdKernel kernel) {
-  const FwdKernelTiling t = fwd_kernel_tiling(kernel);
-  for (size_t i = 0; i < fwd_kernels().size(); ++i) {
-    const FwdKernelTiling a = fwd_kernel_tiling(fwd_kernels()[i]);
-    if (a.rows == t.rows && a.block_n == t.block_n) return static_cast<int>(i);
-  }
-  return -1;
-}
+bool same_tiling(FwdKernelTiling a, FwdKernelTiling b) { return a.rows == b.rows && a.block_n == b.block_n; }
+
+//! The BlockMask of one forward tiling, shared by every kernel of that tiling.
+struct FwdBlocks {
+  FwdKernelTiling tiling;
+  HostBlocks host;
+  DeviceBlocks* device;
+};
 
 struct Case {
   Problem pr;
@@ -541,19 +540,22 @@ struct Case {
   DeviceBuffer<unsigned char> fwd_scratch, bwd_scratch;
   DeviceBuffer<int32_t> d_anchors, d_doc;
   HostBlocks dq_blocks_host, dkdv_blocks_host;
-  // One BlockMask per forward kernel (each reads its own tiling), in fwd_kernels() order.
-  std::vector<HostBlocks> fwd_blocks_host;
-  std::vector<DeviceBlocks*> fwd_blocks;
-  //! BlockMasks of the experimental forwards whose tiling no candidate has (null where one does).
-  std::vector<DeviceBlocks*> experimental_fwd_blocks;
+  // One BlockMask per forward tiling of the candidates and the experimental kernels (fwd_blocks_of).
+  std::vector<FwdBlocks> fwd_blocks;
   DeviceBlocks* dq_blocks = nullptr;
   DeviceBlocks* dkdv_blocks = nullptr;
   FwdParams fwd;  // set for the kernel under test by use_fwd_kernel()
   BwdParams bwd;
   int64_t pairs = 0;
+  //! The BlockMask forward kernel `kernel` reads (that of its tiling).
+  const FwdBlocks& fwd_blocks_of(FwdKernel kernel) const {
+    for (const FwdBlocks& b : fwd_blocks) {
+      if (same_tiling(b.tiling, fwd_kernel_tiling(kernel))) return b;
+    }
+    throw std::runtime_error(std::string("no BlockMask built for the tiling of ") + fwd_kernel_name(kernel));
+  }
   ~Case() {
-    for (DeviceBlocks* b : fwd_blocks) delete b;
-    for (DeviceBlocks* b : experimental_fwd_blocks) delete b;
+    for (FwdBlocks& b : fwd_blocks) delete b.device;
     delete dq_blocks;
     delete dkdv_blocks;
   }
@@ -594,18 +596,17 @@ void setup(Case& c, uint64_t seed) {
   AttentionShape shape{pr.batch, pr.heads, pr.kv_heads, m.q_len, m.kv_len, pr.head_dim};
   const TileShape qt = bwd_dq_tile_shape(shape);
   const TileShape bt = bwd_dkdv_tile_shape(shape);
-  for (FwdKernel kernel : fwd_kernels()) {
-    const TileShape ft = fwd_tile_shape(shape, kernel);
-    c.fwd_blocks_host.push_back(build_blocks(m, ft.block_m, ft.block_n));
-    c.fwd_blocks.push_back(new DeviceBlocks(c.fwd_blocks_host.back()));
-  }
-  for (FwdKernel kernel : kExperimentalFwdKernels) {
-    DeviceBlocks* blocks = nullptr;
-    if (candidate_with_tiling_of(kernel) < 0) {
-      const TileShape ft = fwd_tile_shape(shape, kernel);
-      blocks = new DeviceBlocks(build_blocks(m, ft.block_m, ft.block_n));
+  std::vector<FwdKernel> every_fwd(fwd_kernels().begin(), fwd_kernels().end());
+  every_fwd.insert(every_fwd.end(), kExperimentalFwdKernels.begin(), kExperimentalFwdKernels.end());
+  for (FwdKernel kernel : every_fwd) {
+    const FwdKernelTiling tiling = fwd_kernel_tiling(kernel);
+    if (std::any_of(c.fwd_blocks.begin(), c.fwd_blocks.end(), [&](const FwdBlocks& b) { return same_tiling(b.tiling, tiling); })) {
+      continue;
     }
-    c.experimental_fwd_blocks.push_back(blocks);
+    const TileShape ft = fwd_tile_shape(shape, kernel);
+    HostBlocks host = build_blocks(m, ft.block_m, ft.block_n);
+    DeviceBlocks* device = new DeviceBlocks(host);
+    c.fwd_blocks.push_back(FwdBlocks{tiling, std::move(host), device});
   }
   c.dq_blocks_host = build_blocks(m, qt.block_m, qt.block_n);
   c.dkdv_blocks_host = build_blocks(m, bt.block_m, bt.block_n);
@@ -633,12 +634,8 @@ void setup(Case& c, uint64_t seed) {
   c.fwd.scale = c.scale;
   c.fwd.mask = mp;
   size_t fwd_scratch = 0;
-  for (size_t i = 0; i < fwd_kernels().size(); ++i) {
-    fwd_scratch = std::max(fwd_scratch, fwd_scratch_bytes(shape, c.fwd_blocks[i]->params, fwd_kernels()[i]));
-  }
-  for (size_t i = 0; i < kExperimentalFwdKernels.size(); ++i) {
-    if (c.experimental_fwd_blocks[i] == nullptr) continue;
-    fwd_scratch = std::max(fwd_scratch, fwd_scratch_bytes(shape, c.experimental_fwd_blocks[i]->params, kExperimentalFwdKernels[i]));
+  for (FwdKernel kernel : every_fwd) {
+    fwd_scratch = std::max(fwd_scratch, fwd_scratch_bytes(shape, c.fwd_blocks_of(kernel).device->params, kernel));
   }
   c.fwd_scratch = DeviceBuffer<unsigned char>(fwd_scratch);
   c.fwd.scratch = c.fwd_scratch.ptr;
@@ -714,7 +711,7 @@ Outputs gpu_reference(Case& c) {
 //! Points c.fwd at forward kernel `index` of fwd_kernels() and its BlockMask.
 void use_fwd_kernel(Case& c, size_t index) {
   c.fwd.kernel = fwd_kernels()[index];
-  c.fwd.blocks = c.fwd_blocks[index]->params;
+  c.fwd.blocks = c.fwd_blocks_of(c.fwd.kernel).device->params;
 }
 
 //! Index in fwd_kernels() of the kernel the launcher runs when nothing was tuned.
@@ -762,16 +759,10 @@ Errors compare_lse(const std::vector<float>& ours, const std::vector<float>& ref
 int g_failures = 0;
 bool g_experimental = false;
 
-//! Points c.fwd at experimental forward kernel `kernel`, with the BlockMask of the candidate kernel
-//! of the same tiling, or its own where no candidate has its tiling.
+//! Points c.fwd at experimental forward kernel `kernel` and the BlockMask of its tiling.
 void use_experimental_fwd_kernel(Case& c, FwdKernel kernel) {
   c.fwd.kernel = kernel;
-  if (const int i = candidate_with_tiling_of(kernel); i >= 0) {
-    c.fwd.blocks = c.fwd_blocks[i]->params;
-    return;
-  }
-  const auto it = std::find(kExperimentalFwdKernels.begin(), kExperimentalFwdKernels.end(), kernel);
-  c.fwd.blocks = c.experimental_fwd_blocks[it - kExperimentalFwdKernels.begin()]->params;
+  c.fwd.blocks = c.fwd_blocks_of(kernel).device->params;
 }
 
 bool check(const char* what, const char* against, const Errors& e, double tol) {
@@ -965,7 +956,8 @@ int main(int argc, char** argv) {
           describe_bwd_config(shape, c.bwd.kernel).c_str());
       for (size_t i = 0; i < fwd_kernels().size(); ++i) {
         say("   %s | blocks %lld partial %lld full\n", describe_fwd_config(shape, fwd_kernels()[i]).c_str(),
-            static_cast<long long>(c.fwd_blocks_host[i].partial), static_cast<long long>(c.fwd_blocks_host[i].full));
+            static_cast<long long>(c.fwd_blocks_of(fwd_kernels()[i]).host.partial),
+            static_cast<long long>(c.fwd_blocks_of(fwd_kernels()[i]).host.full));
       }
       const Outputs ours = run_ours(c);
       // Bitwise reproducibility of the backward. Deterministic kernels (no atomics) must give the
