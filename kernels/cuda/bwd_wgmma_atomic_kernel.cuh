@@ -51,9 +51,16 @@
 namespace harness::kernels::cuda::device {
 
 //! Byte offset of fp32 column `col` within row `row` of a dQ tile or accumulator (kHeadDim floats a
-//! row): 16-byte chunk c of row r sits at chunk c ^ (r % 8).
+//! row): 16-byte chunk c of row r sits at chunk c ^ (2 (r % 4) + (r / 4) % 2). store_f32_rows' 64-bit
+//! stores run as two phases of 16 lanes, each 4 rows x 2 adjacent chunks (2k, 2k + 1); the swizzle
+//! puts those 4 rows' pairs on 4 different pairs of the 8 chunks a 128-byte bank line holds, so a
+//! phase is one wavefront. (Session 19: the earlier c ^ (r % 8) put rows r and r ^ 1 on the same
+//! pair, two wavefronts a phase, which Nsight Compute counted as 9% excess shared wavefronts of the
+//! causal backward.) The reduction is elementwise and the convert kernel reads through this
+//! function, so the accumulator carries the same swizzle.
 __device__ __forceinline__ uint32_t dq_column_offset(int row, int col) {
-  return static_cast<uint32_t>((((col >> 2) ^ (row & 7)) << 4) + (col & 3) * 4);
+  const int swizzle = ((row & 3) << 1) | ((row >> 2) & 1);
+  return static_cast<uint32_t>((((col >> 2) ^ swizzle) << 4) + (col & 3) * 4);
 }
 
 //! Stores a warp's share of a consumer's fp32 accumulator (columns col0.. of its 16 rows from
@@ -159,7 +166,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int packs = group / heads_packed / splits;
   const int num_steps = packs * num_q_blocks;
   const int head_base = kv_head * group + split * packs * heads_packed;
-  auto q_block_at = [&](int step) { return step >= num_steps ? 0 : q_list.at(step % num_q_blocks); };
   const int kv0 = kv_block * kKeys;
 
   const int warpgroup = warpgroup_index();
@@ -169,9 +175,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (threadIdx.x == 32) {
       // ---- Reducer: adds each step's dQ tile to the fp32 accumulator, one bulk op per head. ----
       for (int step = 0; step < num_steps; ++step) {
-        mbarrier_wait(dq_full, step & 1);
+        // Where the tile goes is worked out (a division and a list load) before the wait, so the
+        // adds issue as soon as the consumers have written the tile.
         const int head0 = head_base + (step / num_q_blocks) * heads_packed;
-        const int q0 = q_block_at(step) * block_m;
+        const int q0 = q_list.at(step % num_q_blocks) * block_m;
+        mbarrier_wait(dq_full, step & 1);
         for (int h = 0; h < heads_packed; ++h) {
           float* dst = scratch.dq_accum +
                        ((static_cast<int64_t>(batch) * p.shape.heads + head0 + h) * scratch.q_pad + q0) * kHeadDim;
@@ -191,9 +199,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tma_load_4d(s_k + half * kKeys * 128, &maps.k_dkdv, bar.resident(), half * 64, kv0, kv_head, batch);
       tma_load_4d(s_v + half * kKeys * 128, &maps.v_dkdv, bar.resident(), half * 64, kv0, kv_head, batch);
     }
-    int q_block = q_block_at(0);
+    int q_block = q_list.at(0);
     for (int step = 0; step < num_steps; ++step) {
-      const int next = q_block_at(step + 1);
+      const int next = step + 1 < num_steps ? q_list.at((step + 1) % num_q_blocks) : 0;
       const int stage = step % kStages;
       const int head0 = head_base + (step / num_q_blocks) * heads_packed;
       const int q0 = q_block * block_m;
@@ -257,7 +265,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   mbarrier_wait(bar.resident(), 0);
   if (num_steps > 0) mbarrier_wait(bar.first(0), 0);
   issue_scores(s_q);
-  for (int step = 0; step < num_steps; ++step) {
+  // The step's q block slot as a running counter (StepCursor): the integer division took 3% of the
+  // causal backward's samples at the step's start (session 19's source counters).
+  StepCursor at(num_q_blocks);
+  for (int step = 0; step < num_steps; ++step, at.advance()) {
     const int stage = step % kStages;
     const uint32_t parity = (step / kStages) & 1;
     const uint32_t q_stage = s_q + stage * Cfg::kQBytes;
@@ -268,8 +279,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // S^T: this consumer's 64 keys x 64 query rows (issued by the step before).
     wgmma_wait<0>();
     fence_registers(st);
-    if (const int slot = step % num_q_blocks; slot < num_partial) {
-      mask_partial_step_transposed<kRows>(st, slot, s_bits + stage * kKeys * 8, masks, block_m, my_doc, my_kv, kv0);
+    if (at.slot < num_partial) {
+      mask_partial_step_transposed<kRows>(st, at.slot, s_bits + stage * kKeys * 8, masks, block_m, my_doc, my_kv, kv0);
     }
     probabilities_transposed<kRows>(st, stats, scale_log2);
     uint32_t pt[kRows / 16][4];
