@@ -338,9 +338,12 @@ struct BwdWgmmaConfig {
   //! the mask bits of each key (mask_bits.cuh).
   static constexpr int kDkdvBarrierOffset =
       2 * kDkdvKvBytes + kStages * (2 * kDkdvQBytes + kDkdvRows * (8 + 32) + kDkdvKeys * 8);
-  //! dQ: Q, dO, then per stage K and V.
-  static constexpr int kDqBarrierOffset = 2 * kDqQBytes + 2 * kStages * kDqKvBytes;
-  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
+  //! dQ: two tiles' Q and dO (a CTA runs two head packs of a q block, the second's rows loaded
+  //! while the first runs), then per stage K and V.
+  static constexpr int kDqTiles = 2;
+  static constexpr int kDqBarrierOffset = kDqTiles * 2 * kDqQBytes + 2 * kStages * kDqKvBytes;
+  //! resident, "first"/"second"/"empty" per stage, and the second dQ tile's resident rows.
+  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages);
   static constexpr int kSmemBytes =
       1024 + (kDkdvBarrierOffset > kDqBarrierOffset ? kDkdvBarrierOffset : kDqBarrierOffset) + kBarrierBytes;
   //! Consumers hold dK and dV (2 x kHeadDim / 2 fp32) plus S^T, dP^T (2 x 32) and their bf16

@@ -81,7 +81,7 @@ __device__ __forceinline__ void keys_times_rows(float (&acc)[kRows / 8][4], uint
 template <int kHeadDim>
 __device__ __forceinline__ void store_consumer_rows(const float (&acc)[kHeadDim / 8][4], float factor, uint32_t tile,
                                                     int tile_rows, int row0, int consumer, const CUtensorMap* map,
-                                                    int row_coord, int head_coord, int batch) {
+                                                    int row_coord, int head_coord, int batch, bool wait_read = true) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int first = row0 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16 + (lane >> 2);
 #pragma unroll
@@ -102,7 +102,9 @@ __device__ __forceinline__ void store_consumer_rows(const float (&acc)[kHeadDim 
       tma_store_4d(map, tile + half * tile_rows * 128 + row0 * 128, half * 64, row_coord, head_coord, batch);
     }
     tma_store_commit();
-    tma_store_wait_read();
+    // Before the CTA may exit or the rows be written again. A caller that does neither may skip
+    // it: a later wait covers every store this thread committed.
+    if (wait_read) tma_store_wait_read();
   }
 }
 
@@ -269,25 +271,33 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const Bw
 
 // ---- dQ -----------------------------------------------------------------------------------------
 
+//! dQ of one q block for `tiles` (1 or 2) head packs, one after the other: pack `pack`, then
+//! pack + 1. Each has its own Q and dO buffers, and the second's are loaded while the first runs,
+//! so a CTA pays the wait for a tile's resident rows (and the row info's loads) once for both
+//! (session 19: the dQ tiles of sliding_window-8k are ~17 steps each, and that wait was a tenth of
+//! them). The K/V stage ring runs on across the two.
 template <class Cfg>
 __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdTensorMaps& maps, const BwdScratch& scratch,
-                                                  uint32_t smem, int q_block, int pack, int batch) {
+                                                  uint32_t smem, int q_block, int pack, int tiles, int batch) {
   constexpr int kHeadDim = Cfg::kHeadDim;
   constexpr int kStages = Cfg::kStages;
   constexpr int kHalves = kHeadDim / 64;
   constexpr int kRows = Cfg::kDqRows;      // 128
   constexpr int kBlockN = Cfg::kDqBlockN;  // keys per step
-  const uint32_t s_q = smem;
-  const uint32_t s_do = s_q + Cfg::kDqQBytes;
-  const uint32_t s_k = s_do + Cfg::kDqQBytes;          // kStages K tiles
-  const uint32_t s_v = s_k + kStages * Cfg::kDqKvBytes;  // kStages V tiles
+  static_assert(Cfg::kDqTiles == 2, "two Q/dO buffers");
+  auto s_q = [&](int tile) { return smem + tile * 2 * Cfg::kDqQBytes; };
+  auto s_do = [&](int tile) { return smem + tile * 2 * Cfg::kDqQBytes + Cfg::kDqQBytes; };
+  const uint32_t s_k = smem + Cfg::kDqTiles * 2 * Cfg::kDqQBytes;  // kStages K tiles
+  const uint32_t s_v = s_k + kStages * Cfg::kDqKvBytes;            // kStages V tiles
   const BwdBarriers<kStages> bar{s_v + kStages * Cfg::kDqKvBytes};
+  // The second tile's resident rows: the barrier after the stage ring's.
+  auto resident = [&](int tile) { return tile == 0 ? bar.resident() : bar.base + 8u * (1 + 3 * kStages); };
 
   const BlockListParams& blocks = p.dq_blocks;
   const int block_m = blocks.block_m;
   const int heads_packed = kRows / block_m;
-  const PackedRows rows{__ffs(block_m) - 1, pack * heads_packed, q_block * block_m};
-  const int kv_head = rows.head0 / (p.shape.heads / p.shape.kv_heads);
+  const int group = p.shape.heads / p.shape.kv_heads;
+  auto rows_of = [&](int tile) { return PackedRows{__ffs(block_m) - 1, (pack + tile) * heads_packed, q_block * block_m}; };
   const VisitList kv_list = kv_blocks_of(blocks, q_block);
   const int num_partial = kv_list.num_partial, num_blocks = kv_list.count;
   auto kv_block_at = [&](int step) { return kv_list.at(step); };
@@ -296,30 +306,41 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
   if (warpgroup == 0) {
     warpgroup_registers_decrease<Cfg::kProducerRegisters>();
     if (threadIdx.x != 0) return;
-    mbarrier_arrive_expect_tx(bar.resident(), 2 * Cfg::kDqQBytes);
-#pragma unroll
-    for (int half = 0; half < kHalves; ++half) {
-      tma_load_4d(s_q + half * kRows * 128, &maps.q_dq, bar.resident(), half * 64, rows.q0, rows.head0, batch);
-      tma_load_4d(s_do + half * kRows * 128, &maps.dout_dq, bar.resident(), half * 64, rows.q0, rows.head0, batch);
-    }
-    int kv_block = kv_block_at(0);
-    for (int step = 0; step < num_blocks; ++step) {
-      const int next = kv_block_at(step + 1);
-      const int stage = step % kStages;
-      mbarrier_wait(bar.empty(stage), ((step / kStages) & 1) ^ 1);
-      mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kDqKvBytes);
+    auto load_resident = [&](int tile) {
+      const PackedRows rows = rows_of(tile);
+      mbarrier_arrive_expect_tx(resident(tile), 2 * Cfg::kDqQBytes);
 #pragma unroll
       for (int half = 0; half < kHalves; ++half) {
-        tma_load_4d(s_k + stage * Cfg::kDqKvBytes + half * kBlockN * 128, &maps.k_dq, bar.first(stage), half * 64,
-                    kv_block * kBlockN, kv_head, batch);
+        tma_load_4d(s_q(tile) + half * kRows * 128, &maps.q_dq, resident(tile), half * 64, rows.q0, rows.head0, batch);
+        tma_load_4d(s_do(tile) + half * kRows * 128, &maps.dout_dq, resident(tile), half * 64, rows.q0, rows.head0, batch);
       }
-      mbarrier_arrive_expect_tx(bar.second(stage), Cfg::kDqKvBytes);
+    };
+    load_resident(0);
+    int ring = 0;  // steps issued over both tiles: the stage ring's position
+    for (int tile = 0; tile < tiles; ++tile) {
+      const int kv_head = rows_of(tile).head0 / group;
+      int kv_block = kv_block_at(0);
+      for (int step = 0; step < num_blocks; ++step, ++ring) {
+        const int next = kv_block_at(step + 1);
+        const int stage = ring % kStages;
+        mbarrier_wait(bar.empty(stage), ((ring / kStages) & 1) ^ 1);
+        mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kDqKvBytes);
 #pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
-        tma_load_4d(s_v + stage * Cfg::kDqKvBytes + half * kBlockN * 128, &maps.v_dq, bar.second(stage), half * 64,
-                    kv_block * kBlockN, kv_head, batch);
+        for (int half = 0; half < kHalves; ++half) {
+          tma_load_4d(s_k + stage * Cfg::kDqKvBytes + half * kBlockN * 128, &maps.k_dq, bar.first(stage), half * 64,
+                      kv_block * kBlockN, kv_head, batch);
+        }
+        mbarrier_arrive_expect_tx(bar.second(stage), Cfg::kDqKvBytes);
+#pragma unroll
+        for (int half = 0; half < kHalves; ++half) {
+          tma_load_4d(s_v + stage * Cfg::kDqKvBytes + half * kBlockN * 128, &maps.v_dq, bar.second(stage), half * 64,
+                      kv_block * kBlockN, kv_head, batch);
+        }
+        // The second tile's Q and dO go out behind the first step's K and V.
+        if (tile == 0 && step == 0 && tiles == 2) load_resident(1);
+        kv_block = next;
       }
-      kv_block = next;
+      if (tile == 0 && num_blocks == 0 && tiles == 2) load_resident(1);
     }
     return;
   }
@@ -332,11 +353,23 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
   QueryMask row_mask[2];
   float row_lse2[2];
   float row_delta[2];
-  load_row_info(p, scratch, rows, batch, my_row, row_mask, row_lse2, row_delta);
+  load_row_info(p, scratch, rows_of(0), batch, my_row, row_mask, row_lse2, row_delta);
+  // The second tile's rows are the same queries of the next head pack: same mask rows, their own
+  // (lse2, delta), loaded now with the first tile's.
+  float next_lse2[2] = {0.f, 0.f};
+  float next_delta[2] = {0.f, 0.f};
+  if (tiles == 2) {
+    const PackedRows rows = rows_of(1);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float2 stats = scratch.row_stats[(static_cast<int64_t>(batch) * p.shape.heads + rows.head(my_row[i])) * scratch.q_pad +
+                                             rows.query(my_row[i])];
+      next_lse2[i] = stats.x;
+      next_delta[i] = stats.y;
+    }
+  }
   const float scale_log2 = p.scale * kLog2e;
   const int kv_len = p.shape.kv_len;
-  const uint32_t q_rows = s_q + consumer * 64 * 128;
-  const uint32_t do_rows = s_do + consumer * 64 * 128;
   // The first partial steps' mask bits (mask_bits.cuh, the forward's table at this tiling), loaded
   // before the step's products are issued and applied once S is in.
   static_assert(kBlockN == 64, "one table word per row and step");
@@ -346,71 +379,86 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
     table_row[i] = scratch.row_bits + static_cast<int64_t>(q_block) * tiling::kMaskBitSlots * block_m + (my_row[i] & (block_m - 1));
   }
 
-  float acc_dq[kHeadDim / 8][4] = {};
-  int kv_block = kv_block_at(0);
-  mbarrier_wait(bar.resident(), 0);
-  for (int step = 0; step < num_blocks; ++step) {
-    const int next = kv_block_at(step + 1);
-    const int stage = step % kStages;
-    const uint32_t parity = (step / kStages) & 1;
-    const uint32_t k_stage = s_k + stage * Cfg::kDqKvBytes;
-    const uint32_t v_stage = s_v + stage * Cfg::kDqKvBytes;
+  int ring = 0;
+  for (int tile = 0; tile < tiles; ++tile) {
+    const uint32_t q_rows = s_q(tile) + consumer * 64 * 128;
+    const uint32_t do_rows = s_do(tile) + consumer * 64 * 128;
+    if (tile == 1) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        row_lse2[i] = next_lse2[i];
+        row_delta[i] = next_delta[i];
+      }
+    }
+    float acc_dq[kHeadDim / 8][4] = {};
+    int kv_block = kv_block_at(0);
+    mbarrier_wait(resident(tile), 0);
+    for (int step = 0; step < num_blocks; ++step, ++ring) {
+      const int next = kv_block_at(step + 1);
+      const int stage = ring % kStages;
+      const uint32_t parity = (ring / kStages) & 1;
+      const uint32_t k_stage = s_k + stage * Cfg::kDqKvBytes;
+      const uint32_t v_stage = s_v + stage * Cfg::kDqKvBytes;
 
-    // S = Q K^T and dP = dO V^T, issued together.
-    float s[kBlockN / 8][4];
-    float dp[kBlockN / 8][4];
-    const bool table = step < num_partial && step < tiling::kMaskBitSlots;
-    uint64_t keep = 0;
-    if (table) keep = keep_bits_from_table<kBlockN>(table_row[0] + step * block_m, table_row[1] + step * block_m);
-    mbarrier_wait(bar.first(stage), parity);
-    wgmma_fence();
+      // S = Q K^T and dP = dO V^T, issued together.
+      float s[kBlockN / 8][4];
+      float dp[kBlockN / 8][4];
+      const bool table = step < num_partial && step < tiling::kMaskBitSlots;
+      uint64_t keep = 0;
+      if (table) keep = keep_bits_from_table<kBlockN>(table_row[0] + step * block_m, table_row[1] + step * block_m);
+      mbarrier_wait(bar.first(stage), parity);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t k_offset = (kk % 4) * 32;
-      wgmma_ss<kBlockN, false>(s, smem_descriptor(q_rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024),
-                               smem_descriptor(k_stage + (kk / 4) * kBlockN * 128 + k_offset, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
-    mbarrier_wait(bar.second(stage), parity);
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint32_t k_offset = (kk % 4) * 32;
+        wgmma_ss<kBlockN, false>(s, smem_descriptor(q_rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024),
+                                 smem_descriptor(k_stage + (kk / 4) * kBlockN * 128 + k_offset, 16, 1024), kk > 0);
+      }
+      wgmma_commit();
+      mbarrier_wait(bar.second(stage), parity);
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t k_offset = (kk % 4) * 32;
-      wgmma_ss<kBlockN, false>(dp, smem_descriptor(do_rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024),
-                               smem_descriptor(v_stage + (kk / 4) * kBlockN * 128 + k_offset, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
-    wgmma_wait<1>();  // S is in; dP may still run
-    fence_registers(s);
-    const int kv0 = kv_block * kBlockN;
-    if (table) {
-      apply_keep_bits<kBlockN>(s, keep);
-    } else if (step < num_partial || kv0 + kBlockN > kv_len) {
-      mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
-    }
-    probabilities<kBlockN>(s, row_lse2, scale_log2);
-    wgmma_wait<0>();
-    fence_registers(dp);
-    score_gradients<kBlockN>(s, dp, row_delta);
-    uint32_t ds[kBlockN / 16][4];
-    to_a_fragments<kBlockN / 16>(ds, s);
-    fence_registers(acc_dq);
-    wgmma_fence();
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint32_t k_offset = (kk % 4) * 32;
+        wgmma_ss<kBlockN, false>(dp, smem_descriptor(do_rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024),
+                                 smem_descriptor(v_stage + (kk / 4) * kBlockN * 128 + k_offset, 16, 1024), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // S is in; dP may still run
+      fence_registers(s);
+      const int kv0 = kv_block * kBlockN;
+      if (table) {
+        apply_keep_bits<kBlockN>(s, keep);
+      } else if (step < num_partial || kv0 + kBlockN > kv_len) {
+        mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
+      }
+      probabilities<kBlockN>(s, row_lse2, scale_log2);
+      wgmma_wait<0>();
+      fence_registers(dp);
+      score_gradients<kBlockN>(s, dp, row_delta);
+      uint32_t ds[kBlockN / 16][4];
+      to_a_fragments<kBlockN / 16>(ds, s);
+      fence_registers(acc_dq);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      // K is [kBlockN keys x D] with D contiguous: N-major B of dQ += dS K.
-      wgmma_rs<kHeadDim, true>(acc_dq, ds[kk], smem_descriptor(k_stage + kk * 16 * 128, kBlockN * 128, 1024), true);
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        // K is [kBlockN keys x D] with D contiguous: N-major B of dQ += dS K.
+        wgmma_rs<kHeadDim, true>(acc_dq, ds[kk], smem_descriptor(k_stage + kk * 16 * 128, kBlockN * 128, 1024), true);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(acc_dq);
+      mbarrier_arrive(bar.empty(stage));
+      kv_block = next;
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(acc_dq);
-    mbarrier_arrive(bar.empty(stage));
-    kv_block = next;
+
+    // The output goes out through this consumer's own Q rows of the tile (no product reads them
+    // any more); the first tile's buffer is not reused, so only the last store is waited for.
+    named_barrier_sync(1 + consumer, 128);
+    const PackedRows rows = rows_of(tile);
+    const int row0 = consumer * 64;
+    store_consumer_rows<kHeadDim>(acc_dq, p.scale, s_q(tile), kRows, row0, consumer, &maps.dq, rows.query(row0),
+                                  rows.head(row0), batch, /*wait_read=*/tile + 1 == tiles);
   }
-
-  named_barrier_sync(1 + consumer, 128);
-  const int row0 = consumer * 64;
-  store_consumer_rows<kHeadDim>(acc_dq, p.scale, s_q, kRows, row0, consumer, &maps.dq, rows.query(row0), rows.head(row0),
-                                batch);
 }
 
 //! The merged backward launch (see bwd_kernels.cuh): CTA i runs the i-th item of the
@@ -424,20 +472,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const WorkItem work = scratch.schedule[blockIdx.x];
   const int num_kv_blocks = p.dkdv_blocks.num_kv_blocks;
   const bool dkdv = work.block < num_kv_blocks;
+  // dQ tiles run in pairs of head packs (bwd_dq_wgmma_tile) where a q block has an even number of
+  // packs: the schedule writes a q block's packs next to each other (its copies, in a row), so the
+  // CTA of an even pack runs the odd one after it and the odd one's CTA exits at once.
+  const int num_packs = p.shape.heads / (Cfg::kDqRows / p.dq_blocks.block_m);
+  const int dq_tiles = num_packs % 2 == 0 ? 2 : 1;
+  if (!dkdv && dq_tiles == 2 && (work.copy % num_packs) % 2 == 1) return;
   const uint32_t bars = smem + (dkdv ? Cfg::kDkdvBarrierOffset : Cfg::kDqBarrierOffset);
   if (threadIdx.x == 0) {
     for (int i = 0; i < 1 + 2 * Cfg::kStages; ++i) mbarrier_init(bars + 8u * i, 1);  // resident, "full": the producer
     for (int stage = 0; stage < Cfg::kStages; ++stage) {
       mbarrier_init(bars + 8u * (1 + 2 * Cfg::kStages + stage), 2 * 128);  // "empty": every consumer thread
     }
+    mbarrier_init(bars + 8u * (1 + 3 * Cfg::kStages), 1);  // the second dQ tile's resident rows
     fence_barrier_init();
   }
   __syncthreads();
   if (dkdv) {
     bwd_dkdv_wgmma_tile<Cfg>(p, maps, scratch, smem, work.block, work.copy % p.shape.kv_heads, work.copy / p.shape.kv_heads);
   } else {
-    const int num_packs = p.shape.heads / (Cfg::kDqRows / p.dq_blocks.block_m);
-    bwd_dq_wgmma_tile<Cfg>(p, maps, scratch, smem, work.block - num_kv_blocks, work.copy % num_packs, work.copy / num_packs);
+    bwd_dq_wgmma_tile<Cfg>(p, maps, scratch, smem, work.block - num_kv_blocks, work.copy % num_packs, dq_tiles,
+                           work.copy / num_packs);
   }
 }
 
