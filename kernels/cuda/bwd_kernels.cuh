@@ -106,18 +106,24 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 }
 
 //! A dQ tile's row info for this thread's two rows (from the prep kernel): mask, lse2, delta.
-__device__ __forceinline__ void load_row_info(const BwdParams& p, const BwdScratch& scratch, const PackedRows& rows, int batch,
-                                              const int (&my_row)[2], QueryMask (&row_mask)[2], float (&row_lse2)[2],
-                                              float (&row_delta)[2]) {
+//! The (lse2, delta) part alone (a dQ CTA's next head pack: the same queries, so the same masks).
+__device__ __forceinline__ void load_row_stats(const BwdParams& p, const BwdScratch& scratch, const PackedRows& rows, int batch,
+                                               const int (&my_row)[2], float (&row_lse2)[2], float (&row_delta)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int q = rows.query(my_row[i]);  // < q_pad: padded rows have "nothing visible" entries
-    row_mask[i] = scratch.mask_rows[q].mask;
     const float2 stats =
         scratch.row_stats[(static_cast<int64_t>(batch) * p.shape.heads + rows.head(my_row[i])) * scratch.q_pad + q];
     row_lse2[i] = stats.x;
     row_delta[i] = stats.y;
   }
+}
+__device__ __forceinline__ void load_row_info(const BwdParams& p, const BwdScratch& scratch, const PackedRows& rows, int batch,
+                                              const int (&my_row)[2], QueryMask (&row_mask)[2], float (&row_lse2)[2],
+                                              float (&row_delta)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) row_mask[i] = scratch.mask_rows[rows.query(my_row[i])].mask;
+  load_row_stats(p, scratch, rows, batch, my_row, row_lse2, row_delta);
 }
 
 //! dK/dV of one kv block of one kv head (see the file comment).

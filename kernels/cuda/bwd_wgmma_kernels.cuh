@@ -64,7 +64,8 @@ struct BwdBarriers {
 
 //! acc (64 key rows x kRows) = X Y^T, issued (not committed): X = 64 resident rows (K or V) at
 //! `keys` within a tile of kKeys rows, Y = kRows staged rows (Q or dO) at `rows`; both stored as
-//! kHeadDim / 64 halves of 128-byte swizzled rows, the halves kKeys (kRows) rows apart.
+//! kHeadDim / 64 halves of 128-byte swizzled rows, the halves kKeys (kRows) rows apart. The dQ tile
+//! uses it the other way round: X = a consumer's 64 Q (dO) rows, Y = a stage's keys (S, dP).
 template <int kHeadDim, int kKeys, int kRows>
 __device__ __forceinline__ void keys_times_rows(float (&acc)[kRows / 8][4], uint32_t keys, uint32_t rows) {
 #pragma unroll
@@ -358,16 +359,7 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
   // (lse2, delta), loaded now with the first tile's.
   float next_lse2[2] = {0.f, 0.f};
   float next_delta[2] = {0.f, 0.f};
-  if (tiles == 2) {
-    const PackedRows rows = rows_of(1);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float2 stats = scratch.row_stats[(static_cast<int64_t>(batch) * p.shape.heads + rows.head(my_row[i])) * scratch.q_pad +
-                                             rows.query(my_row[i])];
-      next_lse2[i] = stats.x;
-      next_delta[i] = stats.y;
-    }
-  }
+  if (tiles == 2) load_row_stats(p, scratch, rows_of(1), batch, my_row, next_lse2, next_delta);
   const float scale_log2 = p.scale * kLog2e;
   const int kv_len = p.shape.kv_len;
   // The first partial steps' mask bits (mask_bits.cuh, the forward's table at this tiling), loaded
@@ -408,20 +400,10 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
       if (table) keep = keep_bits_from_table<kBlockN>(table_row[0] + step * block_m, table_row[1] + step * block_m);
       mbarrier_wait(bar.first(stage), parity);
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        const uint32_t k_offset = (kk % 4) * 32;
-        wgmma_ss<kBlockN, false>(s, smem_descriptor(q_rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024),
-                                 smem_descriptor(k_stage + (kk / 4) * kBlockN * 128 + k_offset, 16, 1024), kk > 0);
-      }
+      keys_times_rows<kHeadDim, kRows, kBlockN>(s, q_rows, k_stage);
       wgmma_commit();
       mbarrier_wait(bar.second(stage), parity);
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        const uint32_t k_offset = (kk % 4) * 32;
-        wgmma_ss<kBlockN, false>(dp, smem_descriptor(do_rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024),
-                                 smem_descriptor(v_stage + (kk / 4) * kBlockN * 128 + k_offset, 16, 1024), kk > 0);
-      }
+      keys_times_rows<kHeadDim, kRows, kBlockN>(dp, do_rows, v_stage);
       wgmma_commit();
       wgmma_wait<1>();  // S is in; dP may still run
       fence_registers(s);

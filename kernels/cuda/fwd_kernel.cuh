@@ -70,22 +70,6 @@ __device__ __forceinline__ VisitList q_blocks_of(const BlockListParams& b, int k
   const int64_t column = static_cast<int64_t>(kv_block) * b.num_q_blocks;
   return {partial, partial + __ldg(b.full_q_num_blocks + kv_block), b.q_indices + column, b.full_q_indices + column};
 }
-//! Where a dK/dV CTA's step over (head pack, listed q block) is: step = pack x count + slot, advanced
-//! one step at a time, so a loop does not divide by the list's length every step (an integer
-//! division sat on the atomic backward consumers' critical path, session 19's source counters).
-//! The producers keep dividing: their 24 registers spilled with a cursor, and they run ahead.
-struct StepCursor {
-  int count;
-  int slot = 0;
-  int pack = 0;
-  __device__ __forceinline__ explicit StepCursor(int count_) : count(count_) {}
-  __device__ __forceinline__ void advance() {
-    if (++slot == count) {
-      slot = 0;
-      ++pack;
-    }
-  }
-};
 
 //! End of the forward for this thread's two rows: quad-reduces the row sums, writes each real
 //! row's LSE, and gives 1 / sum (0 for a row that saw nothing) to normalize O with.
