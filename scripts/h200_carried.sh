@@ -44,7 +44,7 @@ build=$built/build
 mkdir -p "$build"/{harness,tests,bench,python,kernels/cuda}
 [[ -f .gpu/bin/harness ]] && cp .gpu/bin/harness "$build/harness/"
 for t in harness_unit_tests harness_torch_tests harness_cli_tests; do [[ -f .gpu/bin/$t ]] && cp .gpu/bin/$t "$build/tests/"; done
-for t in harness_bench_attention harness_mask_describe; do [[ -f .gpu/bin/$t ]] && cp .gpu/bin/$t "$build/bench/"; done
+for t in harness_bench_attention harness_mask_describe harness_bench_prep_bandwidth; do [[ -f .gpu/bin/$t ]] && cp .gpu/bin/$t "$build/bench/"; done
 [[ -f .gpu/bin/libharness_ops.so ]] && cp .gpu/bin/libharness_ops.so "$build/python/"
 [[ -f .gpu/bin/harness_attention_selftest ]] && cp .gpu/bin/harness_attention_selftest "$build/kernels/cuda/"
 torch_lib=$(python3 -c 'import torch,os;print(os.path.join(os.path.dirname(torch.__file__),"lib"))')

@@ -82,8 +82,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
   float sum = 0.f;
   if (real) {
-    const uint4 o = *reinterpret_cast<const uint4*>(row_pointer(p.o, batch, head, q) + chunk * 8);
-    const uint4 d = *reinterpret_cast<const uint4*>(row_pointer(p.dout, batch, head, q) + chunk * 8);
+    const uint4 o = load_once_16(row_pointer(p.o, batch, head, q) + chunk * 8);
+    const uint4 d = load_once_16(row_pointer(p.dout, batch, head, q) + chunk * 8);
     const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&o);
     const __nv_bfloat162* d2 = reinterpret_cast<const __nv_bfloat162*>(&d);
 #pragma unroll

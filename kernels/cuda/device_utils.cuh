@@ -38,6 +38,24 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
+//! A 16-byte global load of data read once (the backward prep's O and dO rows, the atomic
+//! backward's fp32 sums in its convert kernel), which L1 does not keep (`L1::no_allocate`).
+//! Coherent (not `.nc`): these kernels are launched programmatically and read what the kernel
+//! ahead wrote. Measured on the H200 (session 20, bench/prep_bandwidth.cu, the 8k masks' 128 MB of
+//! O and dO): the prep's read 41.5 -> 37.4 us with events (3.2 -> 3.6 TB/s); an L2 prefetch size
+//! (`.L2::128B` / `.L2::256B`) adds nothing to it and without `L1::no_allocate` gains nothing.
+__device__ __forceinline__ uint4 load_once_16(const void* gmem) {
+  uint4 r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(gmem));
+#else
+  r = *static_cast<const uint4*>(gmem);
+#endif
+  return r;
+}
+
 __device__ __forceinline__ uint32_t smem_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
