@@ -89,10 +89,8 @@ __device__ __forceinline__ float* dv_accumulator(const BwdParams& p, const BwdSc
 __device__ __forceinline__ void convert_accumulator_row(const float* accum_row, int swizzle_row, int col, float factor,
                                                         const __nv_bfloat16* dst) {
   const unsigned char* bytes = reinterpret_cast<const unsigned char*>(accum_row);
-  const uint4 a4 = load_once_16(bytes + dq_column_offset(swizzle_row, col));
-  const uint4 b4 = load_once_16(bytes + dq_column_offset(swizzle_row, col + 4));
-  const float4 a = make_float4(__uint_as_float(a4.x), __uint_as_float(a4.y), __uint_as_float(a4.z), __uint_as_float(a4.w));
-  const float4 b = make_float4(__uint_as_float(b4.x), __uint_as_float(b4.y), __uint_as_float(b4.z), __uint_as_float(b4.w));
+  const float4 a = *reinterpret_cast<const float4*>(bytes + dq_column_offset(swizzle_row, col));
+  const float4 b = *reinterpret_cast<const float4*>(bytes + dq_column_offset(swizzle_row, col + 4));
   uint4 out;
   out.x = pack_bf16(a.x * factor, a.y * factor);
   out.y = pack_bf16(a.z * factor, a.w * factor);

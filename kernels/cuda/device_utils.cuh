@@ -38,12 +38,12 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
-//! A 16-byte global load of data read once (the backward prep's O and dO rows, the atomic
-//! backward's fp32 sums in its convert kernel), which L1 does not keep (`L1::no_allocate`).
-//! Coherent (not `.nc`): these kernels are launched programmatically and read what the kernel
-//! ahead wrote. Measured on the H200 (session 20, bench/prep_bandwidth.cu, the 8k masks' 128 MB of
-//! O and dO): the prep's read 41.5 -> 37.4 us with events (3.2 -> 3.6 TB/s); an L2 prefetch size
-//! (`.L2::128B` / `.L2::256B`) adds nothing to it and without `L1::no_allocate` gains nothing.
+//! A 16-byte global load of data read once (the backward prep's O and dO rows), which L1 does not
+//! keep (`L1::no_allocate`). Coherent (not `.nc`): the prep is launched programmatically and may
+//! read what the kernel ahead wrote. Measured on the H200 (session 20, bench/prep_bandwidth.cu, the
+//! 8k masks' 128 MB of O and dO, events): the prep's read 41.4 -> 36.8 us (3.2 -> 3.6 TB/s); an L2
+//! prefetch size (`.L2::256B`) adds nothing, and alone gains nothing. Not for the atomic
+//! backward's dQ convert (reads 128 MB, writes 64): there the same load was slower, 52.9 -> 55.0 us.
 __device__ __forceinline__ uint4 load_once_16(const void* gmem) {
   uint4 r;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
