@@ -292,10 +292,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     mbarrier_wait(bar.second(stage), parity);
     fence_registers(acc_dv);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kRows / 16; ++kk) {
-      wgmma_rs<kHeadDim, true>(acc_dv, pt[kk], smem_descriptor(do_stage + kk * 16 * 128, kRows * 128, 1024), true);
-    }
+    fragments_times_rows<kHeadDim, kRows>(acc_dv, pt, do_stage);
     keys_times_rows<kHeadDim, kKeys, kRows>(dpt, v_rows, do_stage);
     wgmma_commit();
     wgmma_wait<0>();
@@ -334,10 +331,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // dK += dS^T Q, issued now; it runs while the consumers meet below.
     fence_registers(acc_dk);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kRows / 16; ++kk) {
-      wgmma_rs<kHeadDim, true>(acc_dk, dst[kk], smem_descriptor(q_stage + kk * 16 * 128, kRows * 128, 1024), true);
-    }
+    fragments_times_rows<kHeadDim, kRows>(acc_dk, dst, q_stage);
     wgmma_commit();
     named_barrier_sync(kConsumersBarrier, 256);  // dS^T of all 128 keys is in s_ds
 

@@ -76,6 +76,18 @@ __device__ __forceinline__ void keys_times_rows(float (&acc)[kRows / 8][4], uint
   }
 }
 
+//! acc (64 rows x kHeadDim) += A B, issued (not committed): A = the kRows columns of register
+//! fragments `a` (P^T, dS^T or dS), B = kRows staged rows at `rows` (dO, Q or K: kHeadDim wide, N-major,
+//! the halves kRows rows apart).
+template <int kHeadDim, int kRows>
+__device__ __forceinline__ void fragments_times_rows(float (&acc)[kHeadDim / 8][4], const uint32_t (&a)[kRows / 16][4],
+                                                     uint32_t rows) {
+#pragma unroll
+  for (int kk = 0; kk < kRows / 16; ++kk) {
+    wgmma_rs<kHeadDim, true>(acc, a[kk], smem_descriptor(rows + kk * 16 * 128, kRows * 128, 1024), true);
+  }
+}
+
 //! Stores a consumer's fp32 accumulator (64 rows x kHeadDim, times `factor`) as bf16 into rows
 //! row0.. of a swizzled tile of `tile_rows` rows (see hopper_utils.cuh), then one thread of the
 //! warpgroup TMA-stores those 64 rows at (row coordinate, head, batch) of `map`.
@@ -237,10 +249,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const Bw
     // dV += P^T dO, issued behind dP^T; dS^T is computed while it runs.
     fence_registers(acc_dv);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kRows / 16; ++kk) {
-      wgmma_rs<kHeadDim, true>(acc_dv, pt[kk], smem_descriptor(do_stage + kk * 16 * 128, kRows * 128, 1024), true);
-    }
+    fragments_times_rows<kHeadDim, kRows>(acc_dv, pt, do_stage);
     wgmma_commit();
     wgmma_wait<1>();  // dP^T is in; dV runs on
     fence_registers(dpt);
@@ -251,10 +260,7 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const Bw
     to_a_fragments<kRows / 16>(dst, dpt);
     fence_registers(acc_dk);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kRows / 16; ++kk) {
-      wgmma_rs<kHeadDim, true>(acc_dk, dst[kk], smem_descriptor(q_stage + kk * 16 * 128, kRows * 128, 1024), true);
-    }
+    fragments_times_rows<kHeadDim, kRows>(acc_dk, dst, q_stage);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(acc_dv);
@@ -421,11 +427,7 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
       to_a_fragments<kBlockN / 16>(ds, s);
       fence_registers(acc_dq);
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        // K is [kBlockN keys x D] with D contiguous: N-major B of dQ += dS K.
-        wgmma_rs<kHeadDim, true>(acc_dq, ds[kk], smem_descriptor(k_stage + kk * 16 * 128, kBlockN * 128, 1024), true);
-      }
+      fragments_times_rows<kHeadDim, kBlockN>(acc_dq, ds, k_stage);
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(acc_dq);
