@@ -16,9 +16,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_utils.cuh"
 
 namespace {
@@ -28,13 +30,6 @@ constexpr int kThreadsPerRow = kHeadDim / 8;
 constexpr int kThreads = 256;
 constexpr int kRowsPerCta = kThreads / kThreadsPerRow;
 constexpr float kLog2e = 1.4426950408889634f;
-
-void check(cudaError_t error, const char* what) {
-  if (error != cudaSuccess) {
-    std::fprintf(stderr, "harness_bench_prep_bandwidth: %s: %s\n", what, cudaGetErrorString(error));
-    std::exit(1);
-  }
-}
 
 enum class Load { plain, once, once_256, l2_256 };
 
@@ -144,9 +139,7 @@ int parse_int(int argc, char** argv, const char* flag, int fallback) {
   return fallback;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if ((flag != "--heads" && flag != "--q-len" && flag != "--reps") || i + 1 >= argc) {
@@ -165,35 +158,35 @@ int main(int argc, char** argv) {
   __nv_bfloat16 *o = nullptr, *dout = nullptr;
   float *lse = nullptr, *flush = nullptr;
   float2 *stats = nullptr, *reference = nullptr;
-  check(cudaMalloc(&o, bytes), "cudaMalloc O");
-  check(cudaMalloc(&dout, bytes), "cudaMalloc dO");
-  check(cudaMalloc(&lse, rows * sizeof(float)), "cudaMalloc lse");
-  check(cudaMalloc(&stats, rows * sizeof(float2)), "cudaMalloc stats");
-  check(cudaMalloc(&reference, rows * sizeof(float2)), "cudaMalloc reference");
-  check(cudaMalloc(&flush, flush_bytes), "cudaMalloc flush");
+  HARNESS_CUDA_CHECK(cudaMalloc(&o, bytes));
+  HARNESS_CUDA_CHECK(cudaMalloc(&dout, bytes));
+  HARNESS_CUDA_CHECK(cudaMalloc(&lse, rows * sizeof(float)));
+  HARNESS_CUDA_CHECK(cudaMalloc(&stats, rows * sizeof(float2)));
+  HARNESS_CUDA_CHECK(cudaMalloc(&reference, rows * sizeof(float2)));
+  HARNESS_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
   {
     std::vector<__nv_bfloat16> host(static_cast<size_t>(rows) * kHeadDim);
     for (size_t i = 0; i < host.size(); ++i) host[i] = __float2bfloat16(static_cast<float>((i * 2654435761u) % 1000) / 1000.f - 0.5f);
-    check(cudaMemcpy(o, host.data(), bytes, cudaMemcpyHostToDevice), "upload O");
+    HARNESS_CUDA_CHECK(cudaMemcpy(o, host.data(), bytes, cudaMemcpyHostToDevice));
     for (size_t i = 0; i < host.size(); ++i) host[i] = __float2bfloat16(static_cast<float>((i * 40503u + 7) % 997) / 997.f - 0.5f);
-    check(cudaMemcpy(dout, host.data(), bytes, cudaMemcpyHostToDevice), "upload dO");
+    HARNESS_CUDA_CHECK(cudaMemcpy(dout, host.data(), bytes, cudaMemcpyHostToDevice));
     std::vector<float> l(static_cast<size_t>(rows));
     for (int64_t i = 0; i < rows; ++i) l[static_cast<size_t>(i)] = (i % 97 == 0) ? -INFINITY : static_cast<float>(i % 100) * 0.1f;
-    check(cudaMemcpy(lse, l.data(), rows * sizeof(float), cudaMemcpyHostToDevice), "upload lse");
+    HARNESS_CUDA_CHECK(cudaMemcpy(lse, l.data(), rows * sizeof(float), cudaMemcpyHostToDevice));
   }
   int sms = 0;
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  HARNESS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "device properties");
+  HARNESS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const auto ctas = static_cast<unsigned>((rows + kRowsPerCta - 1) / kRowsPerCta);
   prep<Load::plain><<<ctas, kThreads>>>(o, dout, lse, reference, rows);
-  check(cudaDeviceSynchronize(), "reference prep");
+  HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<float2> want(static_cast<size_t>(rows)), got(static_cast<size_t>(rows));
-  check(cudaMemcpy(want.data(), reference, rows * sizeof(float2), cudaMemcpyDeviceToHost), "download reference");
+  HARNESS_CUDA_CHECK(cudaMemcpy(want.data(), reference, rows * sizeof(float2), cudaMemcpyDeviceToHost));
 
   cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
+  HARNESS_CUDA_CHECK(cudaEventCreate(&start));
+  HARNESS_CUDA_CHECK(cudaEventCreate(&stop));
   std::printf("%s, %d SMs; O and dO [1, %d, %d, 128] bf16 (%.0f MB together), cold L2, %d launches each\n\n", prop.name, sms,
               heads, q_len, 2.0 * bytes / 1e6, reps);
   std::printf("| form | us median (p10-p90) | TB/s of O + dO (median) | rows match the plain form |\n|---|---|---|---|\n");
@@ -201,22 +194,22 @@ int main(int argc, char** argv) {
   auto time = [&](const char* name, auto launch, bool compare, double moved) {
     std::vector<float> ms;
     for (int it = 0; it < reps + 5; ++it) {
-      check(cudaMemsetAsync(flush, it & 0xff, flush_bytes), "L2 flush");
-      check(cudaMemsetAsync(stats, 0, rows * sizeof(float2)), "clear");
-      check(cudaEventRecord(start), "event");
+      HARNESS_CUDA_CHECK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
+      HARNESS_CUDA_CHECK(cudaMemsetAsync(stats, 0, rows * sizeof(float2)));
+      HARNESS_CUDA_CHECK(cudaEventRecord(start));
       launch();
-      check(cudaEventRecord(stop), "event");
-      check(cudaEventSynchronize(stop), "launch");
+      HARNESS_CUDA_CHECK(cudaEventRecord(stop));
+      HARNESS_CUDA_CHECK(cudaEventSynchronize(stop));
       float t = 0;
-      check(cudaEventElapsedTime(&t, start, stop), "elapsed");
+      HARNESS_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
       if (it >= 5) ms.push_back(t * 1e3f);
     }
-    check(cudaGetLastError(), name);
+    HARNESS_CUDA_CHECK(cudaGetLastError());
     std::sort(ms.begin(), ms.end());
     const double median = ms[ms.size() / 2];
     const char* verdict = "-";
     if (compare) {
-      check(cudaMemcpy(got.data(), stats, rows * sizeof(float2), cudaMemcpyDeviceToHost), "download");
+      HARNESS_CUDA_CHECK(cudaMemcpy(got.data(), stats, rows * sizeof(float2), cudaMemcpyDeviceToHost));
       verdict = std::memcmp(got.data(), want.data(), got.size() * sizeof(float2)) == 0 ? "yes (bitwise)" : "NO";
     }
     std::printf("| %s | %.1f (%.1f-%.1f) | %.2f | %s |\n", name, median, ms[ms.size() / 10], ms[ms.size() * 9 / 10],
@@ -227,7 +220,7 @@ int main(int argc, char** argv) {
     read_both<<<sms * 8, kThreads>>>(reinterpret_cast<const uint4*>(o), reinterpret_cast<const uint4*>(dout), bytes / 16, flush);
   }, false, 2.0 * bytes);
   time("cudaMemcpy D2D of O (reads half, writes half)", [&] {
-    check(cudaMemcpyAsync(flush, o, bytes, cudaMemcpyDeviceToDevice), "memcpy");
+    HARNESS_CUDA_CHECK(cudaMemcpyAsync(flush, o, bytes, cudaMemcpyDeviceToDevice));
   }, false, 2.0 * bytes);
   time("prep, plain 16-byte loads (before session 20)", [&] { prep<Load::plain><<<ctas, kThreads>>>(o, dout, lse, stats, rows); }, true, 2.0 * bytes);
   time("prep, load_once_16: L1::no_allocate (kept)", [&] { prep<Load::once><<<ctas, kThreads>>>(o, dout, lse, stats, rows); }, true, 2.0 * bytes);
@@ -235,8 +228,8 @@ int main(int argc, char** argv) {
   time("prep, L2::256B alone", [&] { prep<Load::l2_256><<<ctas, kThreads>>>(o, dout, lse, stats, rows); }, true, 2.0 * bytes);
   // The convert kernel's traffic: fp32 sums of O's shape read, bf16 written (into dO's buffer).
   float* accum = nullptr;
-  check(cudaMalloc(&accum, static_cast<size_t>(rows) * kHeadDim * sizeof(float)), "cudaMalloc accum");
-  check(cudaMemset(accum, 0x3c, static_cast<size_t>(rows) * kHeadDim * sizeof(float)), "fill accum");
+  HARNESS_CUDA_CHECK(cudaMalloc(&accum, static_cast<size_t>(rows) * kHeadDim * sizeof(float)));
+  HARNESS_CUDA_CHECK(cudaMemset(accum, 0x3c, static_cast<size_t>(rows) * kHeadDim * sizeof(float)));
   std::printf("\n| dQ convert form (fp32 %.0f MB read, bf16 %.0f MB written) | us median (p10-p90) | TB/s moved (median) | - |\n"
               "|---|---|---|---|\n", 2.0 * bytes / 1e6, bytes / 1e6);
   time("convert, plain 16-byte loads (kept)",
@@ -244,4 +237,15 @@ int main(int argc, char** argv) {
   time("convert, load_once_16 (tried, not kept)", [&] { convert<Load::once><<<ctas, kThreads>>>(accum, 0.088f, dout, rows); }, false,
        3.0 * bytes);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& error) {  // a failed CUDA call (HARNESS_CUDA_CHECK)
+    std::fprintf(stderr, "harness_bench_prep_bandwidth: %s\n", error.what());
+    return 1;
+  }
 }
