@@ -287,7 +287,7 @@ TEST_CASE("the dK/dV kernels take partial steps' bits from the table and evaluat
 // forwards that rescale lazily (wgmma_m128_n64, wgmma_m64_n64, wgmma_m64_n64_overlap: the same
 // error to the last digit, whichever backward runs), while out, dk and dv pass and the 128-key
 // and the eager mma.sync forwards pass. Not a bug but the lazy rescale's precision, reproduced on
-// the CPU by scripts/lazy_rescale_precision.py: eagerly, the tile max's probability is exactly 1
+// the CPU by dev/lazy_rescale_precision.py: eagerly, the tile max's probability is exactly 1
 // (exact in bf16); lazily it is 2^J for a jump J below the threshold, which bf16 rounds, so rows
 // one key dominates after a late jump take one more rounding on their dominant term (on this
 // case 4% of rows end with an out error over 1.5x the eager one's, up to 5x: about one output
