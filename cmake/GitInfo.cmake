@@ -1,7 +1,7 @@
 # Writes OUTPUT with the commit of SOURCE_DIR and whether the tree was dirty; rewrites the file
 # only when it changes so that an unchanged commit triggers no rebuild.
-# COMMIT_OVERRIDE (HARNESS_GIT_COMMIT_OVERRIDE at configure time) wins: the H200 device call builds
-# a copy of the tree whose .git, if any, is not the commit being built (dev/gpu/h200_build.sh
+# COMMIT_OVERRIDE (HARNESS_GIT_COMMIT_OVERRIDE at configure time) wins: the H200 machine builds a
+# copy of the tree whose .git, if any, is not the commit being built (dev/gpu/h200_build.sh
 # passes the commit dev/gpu/prepare_h200.sh recorded).
 if(COMMIT_OVERRIDE)
   set(commit "${COMMIT_OVERRIDE}")
