@@ -645,10 +645,10 @@ def describe(describer, c):
 
 
 def git_commit():
-    """The commit ours runs at (with -dirty when tracked files differ from it): the carried
-    binaries' (HARNESS_BINARIES_COMMIT, which scripts/h200_carried.sh sets from what
-    scripts/carry_build.sh recorded; the device copy's own git state can be stale), else git, else
-    .deps/git_commit on a device copy without .git."""
+    """The commit ours runs at (with -dirty when tracked files differ from it): the prebuilt
+    binaries' (HARNESS_BINARIES_COMMIT, which dev/gpu/run_prebuilt.sh sets from what
+    dev/gpu/pack_build.sh recorded; the GPU machine's copy's own git state can be stale), else git,
+    else .deps/git_commit on a copy without .git."""
     if os.environ.get("HARNESS_BINARIES_COMMIT"):
         return os.environ["HARNESS_BINARIES_COMMIT"]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

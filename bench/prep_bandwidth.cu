@@ -222,7 +222,7 @@ int run(int argc, char** argv) {
   time("cudaMemcpy D2D of O (reads half, writes half)", [&] {
     HARNESS_CUDA_CHECK(cudaMemcpyAsync(flush, o, bytes, cudaMemcpyDeviceToDevice));
   }, false, 2.0 * bytes);
-  time("prep, plain 16-byte loads (before session 20)", [&] { prep<Load::plain><<<ctas, kThreads>>>(o, dout, lse, stats, rows); }, true, 2.0 * bytes);
+  time("prep, plain 16-byte loads", [&] { prep<Load::plain><<<ctas, kThreads>>>(o, dout, lse, stats, rows); }, true, 2.0 * bytes);
   time("prep, load_once_16: L1::no_allocate (kept)", [&] { prep<Load::once><<<ctas, kThreads>>>(o, dout, lse, stats, rows); }, true, 2.0 * bytes);
   time("prep, L1::no_allocate.L2::256B", [&] { prep<Load::once_256><<<ctas, kThreads>>>(o, dout, lse, stats, rows); }, true, 2.0 * bytes);
   time("prep, L2::256B alone", [&] { prep<Load::l2_256><<<ctas, kThreads>>>(o, dout, lse, stats, rows); }, true, 2.0 * bytes);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """harness.attention from Python against the same kernels timed in C++, and a DFlash drafter
 layer under torch.compile with harness.attention against the same layer with compiled
-flex_attention (issue 14's acceptance numbers). One process, one GPU, one run.
+flex_attention. One process, one GPU, one run.
 
     python3 bench/python_vs_cpp.py --binary build-h200/bench/harness_bench_attention [--reps 20]
 

@@ -1,8 +1,8 @@
 # Writes OUTPUT with the commit of SOURCE_DIR and whether the tree was dirty; rewrites the file
 # only when it changes so that an unchanged commit triggers no rebuild.
-# COMMIT_OVERRIDE (HARNESS_GIT_COMMIT_OVERRIDE at configure time) wins: the H200 device call builds
-# a copy of the tree whose .git, if any, is not the commit being built (scripts/h200_build.sh
-# passes the commit scripts/prepare_h200.sh recorded).
+# COMMIT_OVERRIDE (HARNESS_GIT_COMMIT_OVERRIDE at configure time) wins: the H200 machine builds a
+# copy of the tree whose .git, if any, is not the commit being built (dev/gpu/h200_build.sh
+# passes the commit dev/gpu/prepare_h200.sh recorded).
 if(COMMIT_OVERRIDE)
   set(commit "${COMMIT_OVERRIDE}")
 else()
@@ -15,7 +15,7 @@ else()
       set(commit "${commit}-dirty")
     endif()
   elseif(EXISTS ${SOURCE_DIR}/.deps/git_commit)
-    # A copy of the tree without .git: scripts/prepare_h200.sh wrote it.
+    # A copy of the tree without .git: dev/gpu/prepare_h200.sh wrote it.
     file(STRINGS ${SOURCE_DIR}/.deps/git_commit commit LIMIT_COUNT 1)
   else()
     set(commit "unknown")

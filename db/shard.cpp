@@ -211,7 +211,7 @@ std::vector<MergeResult> Store::merge_shard(const std::string& shard_path, const
     const int64_t offset = max_trial.column_int(0);
 
     // Columns are read from the schema (equal on both sides: the versions matched), so a column
-    // a later migration adds is carried without this code changing.
+    // a later migration adds is copied without this code changing.
     const auto trial_columns = columns_of(db_, path_, "main", "trials", {"id", "run_id"});
     std::string trial_values;
     for (const std::string& column : trial_columns) {

@@ -71,7 +71,7 @@ struct VerdictClause {
   std::string then;
 };
 
-//! Tolerance for outputs and gradients, errors measured against an fp32 reference (STYLE.md). A
+//! Tolerance for outputs and gradients, errors measured against an fp32 reference (docs/STYLE.md). A
 //! tensor matches when either bound holds (experiments/tolerance.h):
 //!   dense: max|variant - ref| <= factor * max|dense in low precision - ref| + atol, or
 //!   dtype: |variant - ref| <= atol + rtol * |ref| elementwise, rtol from the dtype as

@@ -1,5 +1,5 @@
 #pragma once
-// Subcommand registration: one file per subcommand (STYLE.md 9). Each adds its CLI11
+// Subcommand registration: one file per subcommand (docs/STYLE.md 9). Each adds its CLI11
 // subcommand and returns the action main() runs when it was chosen; the action returns the
 // exit code.
 

@@ -84,7 +84,7 @@ struct CudaKernelChoice {
   //! Keep the kernels' CTA schedules with the MaskContext after the first call (saves the schedule
   //! kernel on every later call). The PyTorch op turns it off: under torch.compile's CUDA graph
   //! trees the first call may run in the graph's private memory pool, where a buffer kept past
-  //! the call is refused ("tensors in the cudagraph pool not tracked as outputs", H200, session 5).
+  //! the call is refused ("tensors in the cudagraph pool not tracked as outputs", H200, torch 2.11).
   bool keep_schedules = true;
 };
 

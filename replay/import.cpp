@@ -217,8 +217,8 @@ int64_t meta_int(const nlohmann::json& dims, const char* key, int64_t fallback, 
 
 //! The bytes a tensor's sizes, strides and storage offset reach must lie inside its storage.
 //! LibTorch's unpickler sets them as the pickle says, unchecked, so a hostile file made the copy
-//! below read past the storage (ASan: SEGV in the copy kernel; found by the import fuzzer in CI
-//! from a fresh machine, session 7). Checked in 128-bit arithmetic, stopping as soon as the reach
+//! below read past the storage (ASan: SEGV in the copy kernel; found by the import fuzzer,
+//! tests/fuzz/import/regression-storage-bounds.pt). Checked in 128-bit arithmetic, stopping as soon as the reach
 //! passes the storage's size, so no hostile size or stride can overflow it.
 void check_within_storage(const at::Tensor& tensor, const std::string& key, const std::string& where) {
   if (tensor.layout() != at::kStrided || !tensor.has_storage())

@@ -16,7 +16,7 @@ namespace harness::replay {
 //! A Python step brought in.
 struct ImportedStep {
   WrittenCapsule capsule;                //!< the step capsule
-  std::optional<WrittenCapsule> outputs; //!< the outputs the file carried (out, dq, dk, dv), if any
+  std::optional<WrittenCapsule> outputs; //!< the outputs the file holds (out, dq, dk, dv), if any
   nlohmann::json meta;                   //!< the file's meta
 };
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: set up and build everything (scripts/setup.sh), then run CTest.
-# GPU tests ([cuda]) are registered only with -DHARNESS_TEST_CUDA=ON (scripts/h200_build.sh).
+# GPU tests ([cuda]) are registered only with -DHARNESS_TEST_CUDA=ON (dev/gpu/h200_build.sh).
 # The CTest `slurm` starts a one-node Slurm of its own (tests/slurm_test.sh, scripts/slurm_local.sh),
 # runs the [slurm] cases and stops it; it is skipped, with the reason, where Slurm cannot start.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The pip route as a user takes it (issue 14's install test):
+# The pip route as a user takes it (the install test):
 #   1. a fresh venv (python3 -m venv, no --system-site-packages) with torch==2.11.0 from PyPI
 #      (pip's cache, or PIP_FIND_LINKS wheels, make the second time cheap);
 #   2. `pip install <checkout>` builds the binary and the torch ops against that torch

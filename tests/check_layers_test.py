@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/check_layers.py: the real tree passes, and a planted backward include fails with a
+"""dev/check_layers.py: the real tree passes, and a planted backward include fails with a
 message naming the file, the include and the rule. Usage: check_layers_test.py REPO_ROOT"""
 
 import os
@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 root = os.path.abspath(sys.argv[1])
-script = os.path.join(root, "scripts", "check_layers.py")
+script = os.path.join(root, "dev", "check_layers.py")
 failures = []
 checks = []
 

@@ -3,7 +3,7 @@
 
 CTest keeps test names in CMake lists, so a ';' inside a TEST_CASE name splits it into two CTest
 tests whose filters match no case: Catch then runs nothing and CTest reports a pass (19 cases
-were silently skipped that way until session 5). A leading '-' or a '[' is read as an option or a
+once were silently skipped that way). A leading '-' or a '[' is read as an option or a
 tag. Usage: check_test_names.py TESTS_DIR. Exit 1 naming each offending case."""
 import pathlib
 import re

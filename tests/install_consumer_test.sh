@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's install rules, as a user meets them: `cmake --install BUILD --prefix P`, then from
+# The install rules, as a user meets them: `cmake --install BUILD --prefix P`, then from
 # another folder the installed binary lists and runs the specs it finds under P/share (no
 # --experiments-dir), and a C++ project finds the kernels library with find_package(harness) and
 # runs the fused attention against the dense reference (tests/install_consumer/).

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """What ptxas made of the Hopper kernels, checked on the machine without a GPU.
 
-Session 8 found the ping-pong forward 17% slower than planned on the H200 because ptxas had put
+Written plainly, the ping-pong forward ran 17% slower than planned on the H200 because ptxas put
 the wait for P V above the softmax (the warpgroup overlapped nothing with itself), which no test
-could see: results stay right. This test compiles kernels/cuda/attention_launch.cu for sm_90a as
+of results can see: they stay right. This test compiles kernels/cuda/attention_launch.cu for sm_90a as
 the build does, disassembles it and checks:
   1. ptxas reports no "Potential Performance Loss" (wgmma serialized) for any kernel, and the
      forward wgmma kernels spill nothing;
@@ -14,11 +14,11 @@ the build does, disassembles it and checks:
      (masked and unmasked turns);
   3. the check of 2 rejects the sequential wgmma_m128_n128 forward (it must be able to fail);
   4. the atomic-dQ backward (head dims 64 and 128) spills nothing and keeps the next step's S^T in
-     flight while it finishes dK and dQ (`WARPGROUP.DEPBAR.LE gsb0, 0x1` in its loop; session 9:
-     -5% causal backward time);
+     flight while it finishes dK and dQ (`WARPGROUP.DEPBAR.LE gsb0, 0x1` in its loop: -5% of
+     the causal backward's time on the H200);
   5. every wgmma forward issues the wgmma of one product with its descriptors in uniform registers:
-     no `R2UR` between two of them (session 11: built per wgmma and moved with R2UR, they were a
-     third of the dflash forward's inner loop); and the check rejects the deterministic wgmma
+     no `R2UR` between two of them (built per wgmma and moved with R2UR, they were a third of the
+     dflash forward's inner loop); and the check rejects the deterministic wgmma
      backward, which still builds its descriptors that way.
 Usage: kernel_sass_test.py NVCC SOURCE_ROOT [PYTHON]. cuobjdump comes from the CUDA toolkit or,
 where the toolkit has none (Debian's machine here), from the triton wheel torch depends on, found

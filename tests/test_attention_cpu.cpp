@@ -1,6 +1,6 @@
 // CPU attention: fused vs dense, outputs and the three gradients, on the real mask kinds and
 // awkward sizes; rows that see nothing; dispatch records; the fused backward's memory.
-// Tolerance (STYLE.md): against an fp32 reference, err(fused_bf16) <= 2 * err(dense_bf16) + 1e-5.
+// Tolerance (docs/STYLE.md): against an fp32 reference, err(fused_bf16) <= 2 * err(dense_bf16) + 1e-5.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

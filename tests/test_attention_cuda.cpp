@@ -282,18 +282,18 @@ TEST_CASE("the dK/dV kernels take partial steps' bits from the table and evaluat
   check_against_dense(c, 60, {{"", "mma"}, {"", "wgmma"}, {"", "wgmma_atomic"}}, {}, /*calls=*/2);
 }
 
-// Hidden (run it by its tag, [sinks_hd64]): measured on the H200 in session 12, this case misses
+// Hidden (run it by its tag, [sinks_hd64]): measured on the H200, this case misses
 // the tolerance on dq only, by 5% (err 0.154 against 0.146 allowed), with the three 64-key
 // forwards that rescale lazily (wgmma_m128_n64, wgmma_m64_n64, wgmma_m64_n64_overlap: the same
 // error to the last digit, whichever backward runs), while out, dk and dv pass and the 128-key
 // and the eager mma.sync forwards pass. Not a bug but the lazy rescale's precision, reproduced on
-// the CPU by scripts/lazy_rescale_precision.py: eagerly, the tile max's probability is exactly 1
+// the CPU by dev/lazy_rescale_precision.py: eagerly, the tile max's probability is exactly 1
 // (exact in bf16); lazily it is 2^J for a jump J below the threshold, which bf16 rounds, so rows
 // one key dominates after a late jump take one more rounding on their dominant term (on this
 // case 4% of rows end with an out error over 1.5x the eager one's, up to 5x: about one output
 // ulp; 2.5% with 128-key tiles), and dq magnifies it here (the sinks' 6x larger K, and
 // dS = P (dP - delta) cancels on those rows). FlashAttention-4 makes the same trade; the
-// threshold stays 8 (kernels/cuda/PERF_NOTES.md v10).
+// threshold stays 8 (kernels/cuda/README.md, "The lazy rescale").
 TEST_CASE("fused_cuda with sink keys, sliding_window, head_dim 64 (the lazy rescale's known miss)", "[.][sinks_hd64]") {
   if (!have_gpu()) return;
   check_against_dense(make_case("sliding_window 300, sinks, head_dim 64", 1, 4, 1, 64, 40, 0,

@@ -190,7 +190,7 @@ TEST_CASE("BlockMask::to copies every list, bad block sizes are rejected", "[blo
 // The premises of the two [cuda] cases that check the kernels' fallback past the mask bit tables
 // (tests/test_attention_cuda.cpp): their BlockMasks, at the kernels' tilings, have lists longer
 // than the tables' slots. Checked here, on the CPU, so that a case cannot silently stop covering
-// the fallback (session 15's first version of the dK/dV case had at most 11 of 16).
+// the fallback (a dK/dV case whose second document starts on a block edge has at most 11 of 16).
 TEST_CASE("the mask bit tables' fallback cases have lists longer than the tables", "[blockmask]") {
   namespace tiling = harness::kernels::cuda::tiling;
   auto dflash_mask = [](int64_t anchors, int64_t context, int64_t documents, std::vector<int64_t> lengths) {

@@ -198,7 +198,7 @@ TEST_CASE("diff and writeup: bad input exits 2 with a clear message", "[cli][ana
   expect_usage("diff 1 2 --db " + missing, "no db at");
   expect_usage("writeup bwd_fusion --db " + missing, "no db at");
   CHECK_FALSE(fs::exists(missing));
-  // A reading command no longer creates a db it is pointed at (issue 17): an empty file is an
+  // A reading command does not create a db it is pointed at: an empty file is an
   // empty SQLite db, which `runs` opens and lists as having no runs.
   const std::string empty = (runs.dir() / "empty.db").string();
   std::ofstream(empty).close();

@@ -1,4 +1,4 @@
-// Issue 19 through the built binary: `explain-oom --solve` finds the context that reproduces the
+// Evidence in PyTorch's formats through the built binary: `explain-oom --solve` finds the context that reproduces the
 // founding "Tried to allocate 15.09 GiB" and prints the --set that replays it; `run --trace` keeps
 // a Chrome trace on the CPU that `show` names with the tool that opens it; `--memory-snapshot` on
 // the CPU says snapshots are CUDA's; kept capsules are safetensors files `show` says how to load.

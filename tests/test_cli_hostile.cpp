@@ -1,4 +1,4 @@
-// Issue 17 through the binary: hostile specs and arguments end with exit 2 and a short message
+// Through the binary: hostile specs and arguments end with exit 2 and a short message
 // naming the file, the JSON path or the option; under --json the error is also on stdout.
 
 #include <sys/wait.h>

@@ -192,7 +192,7 @@ TEST_CASE("a task cancelled mid-run is requeued and the run completes, --no-wait
   CHECK(requeued["details"]["slurm"]["task"] == 1);
   CHECK(requeued["details"]["slurm"]["attempt"] == 1);
   CHECK(requeued["details"]["slurm"]["state"] == "COMPLETED");
-  // The stopped attempt is kept: the trial it was in is recorded as interrupted, attempt 0.
+  // The stopped first run of the task is kept: its trial is recorded as interrupted (slurm attempt index 0).
   bool saw_first_attempt = false;
   for (const auto& trial : run["trials"])
     if (trial["variant"] == "stall" && trial["details"]["slurm"]["attempt"] == 0) {

@@ -1,4 +1,4 @@
-// The fault suite (issue 17): the harness is killed, hung up on, cut off from its terminal, runs
+// The fault suite: the harness is killed, hung up on, cut off from its terminal, runs
 // out of disk, shares its db with other writers, or finds it read-only or damaged. After each:
 // nothing lost (every trial that finished is stored, whole), the run's final status tells the
 // truth, SQLite's integrity_check is ok, and no process of the run is left.

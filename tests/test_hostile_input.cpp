@@ -1,4 +1,4 @@
-// Issue 17, torch-free: hostile specs (deep nesting, huge values, numbers out of range, duplicate
+// Torch-free: hostile specs (deep nesting, huge values, numbers out of range, duplicate
 // keys, sweeps of 100 000 values), the tolerance's two bounds, and the store's behaviour with a
 // missing, read-only, damaged or abandoned db. The CLI side is in test_faults.cpp.
 

@@ -53,8 +53,8 @@ bool prints_as(int64_t bytes, double shown, double unit, int digits) {
 TEST_CASE("model reproduces the peaks measured on the H200 at the real dims", "[memory_model]") {
   // docs/BENCHMARKS.md, bwd_fusion on the H200 (128 anchors, 1 layer): dense fwd 5.57 GiB, bwd 7.42 GiB;
   // fused fwd 16.3 MiB, bwd 56.9 MiB. At 512 anchors and 5 layers: fused fwd 325 MiB, bwd 639 MiB.
-  // Measured with the deterministic wgmma backward (`STEPS=peaks scripts/h200_carried.sh`, session
-  // 15: the backward's kept schedules now hold the mask bit tables, +0.3 / +1 MiB).
+  // Measured with the deterministic wgmma backward (`STEPS=peaks dev/gpu/run_prebuilt.sh` at
+  // 14eabaf; the backward's kept schedules hold the mask bit tables, +0.3 / +1 MiB).
   mm::ModelOptions measured_kernels;
   measured_kernels.cuda_bwd_kernel = "wgmma";
   const Spec one = real();

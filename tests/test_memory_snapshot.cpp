@@ -124,8 +124,8 @@ TEST_CASE("a snapshot file that is not one is named in the error", "[snapshot]")
   CHECK_THROWS_AS(an::summarize_snapshot(nlohmann::json::object(), "x.pickle"), an::SnapshotError);
 }
 
-// Two snapshots recorded on the H200 (session 5) by `harness run anchor_scaling --device cuda:0
-// --memory-limit 96GiB --memory-snapshot` (scripts/gpu_check_evidence.sh): the dense trial at 128
+// Two snapshots recorded on the H200 (7d845ad) by `harness run anchor_scaling --device cuda:0
+// --memory-limit 96GiB --memory-snapshot` (dev/gpu/gpu_check_evidence.sh): the dense trial at 128
 // anchors x 1 layer (ok), and the founding OOM, the dense trial at 512 anchors x 5 layers, whose
 // snapshot the allocator's out-of-memory observer took at the failing request, before the step
 // unwound: the four layers' 16 GiB scores are alive in it and the fifth asks for 16 GiB more.

@@ -1,4 +1,4 @@
-// The specs of issue 5's torch-free experiments, experiments/warmup_race.json and
+// The specs of the torch-free race and cache experiments, experiments/warmup_race.json and
 // experiments/cache_corruption.json: they load, their verdict rules mean what their hypotheses
 // say, and run in-process they reach RACE and RECOVERS (the acceptance of `harness run`).
 // Not in scripts/tsan.sh's subset: these need the spec loader.

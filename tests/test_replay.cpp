@@ -358,12 +358,12 @@ TEST_CASE("a torch.save file that declares more bytes than it has is refused bef
   const std::string oom = error_of(
       [&] { replay::import_step_file((corpus / "regression-pickle-string-length.pt").string(), dir.path); });
   CHECK(oom.find("a string of 3590324227 bytes, but only") != std::string::npos);
-  // The fuzzer's UInt4 tensor (session 6, in CI from a fresh machine): LibTorch has no copy kernel
+  // The fuzzer's UInt4 tensor: LibTorch has no copy kernel
   // for it, and its NotImplementedError escaped the import; now refused, naming the entry.
   CHECK(error_of([&] { replay::import_step_file((corpus / "regression-uint4-tensor.pt").string(), dir.path); })
             .find("entry 'q' is a UInt4 tensor") != std::string::npos);
-  // A tensor whose sizes and strides reach past its storage (session 7, in CI from a fresh
-  // machine): LibTorch's unpickler sets them unchecked and the copy read out of bounds (ASan SEGV).
+  // A tensor whose sizes and strides reach past its storage (found by the import fuzzer):
+  // LibTorch's unpickler sets them unchecked and the copy read out of bounds (ASan SEGV).
   CHECK(error_of([&] { replay::import_step_file((corpus / "regression-storage-bounds.pt").string(), dir.path); })
             .find("reaches past its storage of") != std::string::npos);
   // And a LONG_BINPUT whose memo index (1 869 898 497) made LibTorch's unpickler ask for 30 GB.

@@ -1,6 +1,6 @@
 // Every spec shipped in experiments/ loads and validates: as written, under each of its profiles,
 // and (for sweeps) at every sweep point. The specs are the project's declarative test inputs
-// (STYLE.md 5): a shipped spec that stops validating fails here, naming the file and the problem.
+// (docs/STYLE.md 5): a shipped spec that stops validating fails here, naming the file and the problem.
 
 #include <filesystem>
 #include <set>

@@ -358,7 +358,7 @@ TEST_CASE("write the demo db to $HARNESS_DEMO_DB", "[.][demo_db]") {
   CHECK(store.list_runs().size() == 5);
 }
 
-// --- Issue 19: an allocator snapshot kept with a trial is rendered by the writeup ----------------
+// --- An allocator snapshot kept with a trial is rendered by the writeup -------------------------
 TEST_CASE("writeup of a run with an allocator snapshot: its OOM state, named by the memory model", "[writeup][snapshot]") {
   harness::test::ScratchDir dir;
   const std::string db_path = dir.file("harness.db");

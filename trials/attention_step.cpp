@@ -132,7 +132,7 @@ double worst_excess_over_rtol(const at::Tensor& got, const at::Tensor& ref, doub
 }
 
 // Compares the variant's layer-0 tensors with an fp32 reference; the allowance is relative to
-// the error the dense path makes in the same low precision (STYLE.md), or what the dtype itself
+// the error the dense path makes in the same low precision (docs/STYLE.md), or what the dtype itself
 // cannot resolve (experiments/tolerance.h). Each tensor's judgement, with the bound that decided
 // it, goes to the trial's details ("tolerance").
 void check_against_reference(const spec::Spec& spec, const std::string& impl, const LayerInputs& in,

@@ -176,8 +176,7 @@ void check_scratch(const void* scratch, size_t have, size_t need, const char* wh
 }
 
 //! HARNESS_SCHEDULE_ORDER (read once: interleaved, batch or kv_head) overrides every launch's
-//! schedule order, for A/B runs; HARNESS_SCHEDULE_BATCH_MAJOR=0 (session 17's knob) means
-//! `interleaved`.
+//! schedule order, for A/B runs; HARNESS_SCHEDULE_BATCH_MAJOR=0 means `interleaved` too.
 std::optional<ScheduleOrder> schedule_order_override() {
   static const std::optional<ScheduleOrder> order = []() -> std::optional<ScheduleOrder> {
     const char* legacy = std::getenv("HARNESS_SCHEDULE_BATCH_MAJOR");
@@ -381,8 +380,8 @@ void launch_fwd_wgmma(const FwdParams& params, const TileShape& tile, const Work
   }
   // O in its own tile and Q in two buffers only for persistent CTAs (a CTA with one item has no
   // next Q to load early).
-  // H200, session 10, persistent, dflash 512 anchors: wgmma_m128_n64 0.385 -> 0.374 ms with the O tile
-  // (the second Q buffer, session 11: no change measured).
+  // H200, persistent, dflash 512 anchors: wgmma_m128_n64 0.385 -> 0.374 ms with the O tile (the
+  // second Q buffer: no change measured).
   const bool own_o = Cfg::kOwnO && counter != nullptr;
   // Overlaps the kernel ahead (programmatic launch; the kernel waits for it before it reads or
   // writes global memory) unless that is the schedule's kernel or the counter's memset.
@@ -480,8 +479,8 @@ void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, cons
   // The prep kernel has zeroed the fp32 accumulator. An empty dK/dV block list contributes no CTA
   // (the self-test times the parts apart this way). The main kernel is launched plainly: launched
   // to overlap the prep kernel (griddepcontrol in its producer and reducer), it ran 1.2-1.4%
-  // slower on causal-128 even where nothing overlapped (H200, Nsight Compute, session 13; PERF_NOTES
-  // v11); the dQ conversion after it is launched to overlap its end.
+  // slower on causal-128 even where nothing overlapped (H200, Nsight Compute; kernels/cuda/README.md,
+  // "Launches"); the dQ conversion after it is launched to overlap its end.
   if (layout.dkdv_ctas > 0) {
     // Cost of a kv block's CTA in units of one 64x128x128 GEMM: 5 per step, times its head packs
     // (all of the group's, or their share when the kv blocks are split over several CTAs).

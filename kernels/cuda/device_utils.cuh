@@ -30,7 +30,7 @@ __device__ __forceinline__ void cp_async_wait() {
 //! block it still reads) calls this first, and so does at least one thread of every CTA (the grid
 //! must never complete before the kernel ahead); in a kernel launched the plain way it returns at
 //! once. None of this folder's kernels signals its dependents early (griddepcontrol.launch_dependents):
-//! in the atomic backward's main kernel that instruction cost 0.8% (PERF_NOTES v11), so the
+//! in the atomic backward's main kernel that instruction cost 0.8% (H200, causal-128), so the
 //! kernel after one may start once its last CTA has exited.
 __device__ __forceinline__ void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -40,7 +40,7 @@ __device__ __forceinline__ void grid_dependency_wait() {
 
 //! A 16-byte global load of data read once (the backward prep's O and dO rows), which L1 does not
 //! keep (`L1::no_allocate`). Coherent (not `.nc`): the prep is launched programmatically and may
-//! read what the kernel ahead wrote. Measured on the H200 (session 20, bench/prep_bandwidth.cu, the
+//! read what the kernel ahead wrote. Measured on the H200 (bench/prep_bandwidth.cu at 11fa271, the
 //! 8k masks' 128 MB of O and dO, events): the prep's read 41.4 -> 36.8 us (3.2 -> 3.6 TB/s); an L2
 //! prefetch size (`.L2::256B`) adds nothing, and alone gains nothing. Not for the atomic
 //! backward's dQ convert (reads 128 MB, writes 64): there the same load was slower, 52.9 -> 55.0 us.

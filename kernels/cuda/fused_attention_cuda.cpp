@@ -164,12 +164,12 @@ Autotuner& device_autotuner(int device) {
 //! Candidates are timed on the call's own inputs, writing its own outputs. Each timed launch is
 //! enqueued while the stream is held (kc::hold_stream), so its kernels run back to back and the
 //! events time the GPU's work: timed from an idle stream, a candidate with more launches also paid
-//! the host's work between them. (Session 9 suspected that for the deterministic backward's pick
-//! over the atomic one at dflash 512 anchors, which the self-test times 10% faster; timed this way
-//! the pick stands, 1.040 against 1.054 ms on the H200 in session 10; why the atomic path takes
-//! longer in the op than in the self-test, 1.012 ms with the same memset and convert, is open.)
+//! the host's work between them. (That host work does not explain the deterministic backward's
+//! pick over the atomic one at dflash 512 anchors, which the self-test times 10% faster: timed this
+//! way the pick stands, 1.040 against 1.054 ms on the H200; why the atomic path takes longer in the
+//! op than in the self-test, 1.012 ms with the same memset and convert, is open.)
 double time_candidate_ms(cudaStream_t stream, const std::function<void()>& launch) {
-  // Longer than the host needs to enqueue one call (40-70 us at the real dims, H200 session 8).
+  // Longer than the host needs to enqueue one call (40-70 us at the real dims, H200).
   constexpr unsigned kHoldMicroseconds = 500;
   try {
     launch();

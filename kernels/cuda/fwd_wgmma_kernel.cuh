@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     // The rows' mask predicates: per item in the sequential kernels and the ping-pongs; in the
     // one-consumer overlapped kernel only where a step evaluates its mask (past the bit table), so
     // an item's start does not wait for their loads (dflash: the anchor, then its document). H200,
-    // session 15, Nsight Compute: one consumer, dflash-512 311 -> 306 us, the 8k masks -1%; the
+    // Nsight Compute: one consumer, dflash-512 311 -> 306 us, the 8k masks -1%; the
     // ping-pong on causal-128 457 -> 461 (slower), so it keeps the per-item predicates.
     auto rows_mask = [&](QueryMask (&row_mask)[2]) {
 #pragma unroll
@@ -349,9 +349,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       // Turn `step` (1 <= step < n): S_step and P V of step - 1, in FlashAttention-3's order. The
       // softmax's rescale of O is lazy (online_softmax_scores_lazy): O takes the factor once P V is
       // in, at the end of the turn, and only when a row's max moved, in a warp-uniform branch while
-      // nothing is in flight (session 8 had the rescale between the two issues, unconditional:
-      // kHeadDim / 2 FMUL per thread and turn; right after the wait for P V ptxas had scheduled the
-      // wait into the middle of the softmax, so it now comes after P's packing). kMasked: the step
+      // nothing is in flight (between the two issues, unconditional, it cost kHeadDim / 2 FMUL per
+      // thread and turn; right after the wait for P V, ptxas scheduled the wait into the middle of
+      // the softmax, so it comes after P's packing). kMasked: the step
       // may need its mask (a partial block, or the ragged last one); the unmasked turns skip even
       // the selects.
       auto turn = [&](int step, auto masked) {
@@ -378,8 +378,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
         // ptxas hoists a wgmma wait to the top of its basic block (here: above the softmax, which
         // then no longer overlaps P V). A wait loop ends the block here: the one for this step's V
         // (its copy was issued once V_{step-2} was released, a turn ago; the next turn needs it).
-        // Waiting for K_{step+1} instead deadlocked in session 8, when K and V were released
-        // together: with two stages its copy needed the release just below. A 2-stage ping-pong
+        // Waiting for K_{step+1} instead deadlocks when K and V are released together: with two
+        // stages its copy needs the release just below. A 2-stage ping-pong
         // waits for V_{step-1} instead, complete since the turn began: there V_step's copy needs
         // the other consumer to release V_{step-2} at the end of its turn, which may still be in
         // its softmax, and this wait would expose that and the copy.

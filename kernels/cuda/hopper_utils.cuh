@@ -113,7 +113,7 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t address, uint32_t l
 //! This thread's warpgroup (threadIdx.x / 128), broadcast from lane 0: ptxas then knows it is the
 //! same in every lane and keeps what derives from it (a consumer's rows of a tile, so its wgmma
 //! descriptors) in uniform registers, rather than moving each descriptor into them with R2UR
-//! before every wgmma (session 11's SASS: R2UR 119 -> 55 in the atomic backward at D = 128; none
+//! before every wgmma (SASS: R2UR 119 -> 55 in the atomic backward at D = 128; none
 //! left between a forward's wgmma, which CTest kernel_sass checks).
 __device__ __forceinline__ int warpgroup_index() {
   return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
@@ -123,7 +123,7 @@ __device__ __forceinline__ int warpgroup_index() {
 //! address field (bits 0-13, address / 16) plus bytes / 16, added to the low word only. No carry
 //! leaves the field: every shared-memory address is below 256 KB (2^14 x 16). A kernel builds a
 //! tile's descriptor once and advances it per k-slice and stage: built per wgmma, ptxas masked,
-//! shifted and moved each one into uniform registers anew (H200, session 11: ~10 instructions per
+//! shifted and moved each one into uniform registers anew (sm_90a SASS: ~10 instructions per
 //! wgmma, a third of the forward's inner loop).
 __device__ __forceinline__ uint64_t smem_descriptor_advance(uint64_t desc, uint32_t bytes) {
   const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);

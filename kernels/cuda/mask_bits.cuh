@@ -1,9 +1,9 @@
 #pragma once
-// The forward's partial blocks as bits (device code only). An overlapped forward's masked step
-// used to evaluate the mask per score (mask_device.cuh: its keys' documents loaded, then ranges
-// and a document compared for each of its 32 or 64 scores), about 560 instructions per thread
-// and step beside an unmasked step's 300 (H200, session 14, Nsight Compute source counters,
-// dflash 512 anchors). The mask of a partial block does not depend on the head, the batch or the
+// The forward's partial blocks as bits (device code only). Evaluating the mask per score in an
+// overlapped forward's masked step (mask_device.cuh: its keys' documents loaded, then ranges and
+// a document compared for each of its 32 or 64 scores) takes about 560 instructions per thread
+// and step beside an unmasked step's 300 (H200, Nsight Compute source counters, dflash 512
+// anchors). The mask of a partial block does not depend on the head, the batch or the
 // data, so one small kernel evaluates it once per query position and kept schedule, and the
 // forward reads each row's 64-key word instead:
 //   table[q_block][slot][position][word], slot < tiling::kMaskBitSlots of the q block's partial

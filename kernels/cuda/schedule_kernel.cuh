@@ -34,9 +34,9 @@ struct WorkClass {
 //! as every kernel numbers them: batch, then head or kv head): the whole longest-first order of
 //! group 0, then of group 1, ...; each group's order still ends on its cheapest items. Groups of
 //! one batch (ScheduleOrder::batch): the CTAs running at once read one batch's K/V instead of all
-//! of them; dflash-512 at batch 2 ran 5% faster so (H200, PERF_NOTES.md v15), likely the L2, which
-//! holds one batch's context K/V (32 MiB) but not two. Groups of one or a few kv heads within a
-//! batch (ScheduleOrder::kv_head, the `_kv_major` forwards): one kv head's K/V (v16).
+//! of them; dflash-512 at batch 2 ran 5% faster so (H200, kernels/cuda/README.md), likely the L2,
+//! which holds one batch's context K/V (32 MiB) but not two. Groups of one or a few kv heads within
+//! a batch (ScheduleOrder::kv_head, the `_kv_major` forwards): one kv head's K/V.
 __global__ void build_schedule_kernel(WorkClass first, WorkClass second, int groups, bool ranked,
                                       WorkItem* __restrict__ schedule) {
   extern __shared__ int32_t cost[];

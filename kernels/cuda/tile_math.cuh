@@ -77,7 +77,7 @@ __device__ __forceinline__ void mask_scores_transposed(float (&st)[kCols / 8][4]
 }
 
 //! The max of row i's scores of this thread (and m0) in four independent chains instead of one
-//! chain of kCols / 4 dependent FMNMX (H200, session 8: no measurable change in the forwards'
+//! chain of kCols / 4 dependent FMNMX (H200, self-test: no measurable change in the forwards'
 //! times; kept for the shorter dependency chain).
 template <int kCols>
 __device__ __forceinline__ float tile_row_max(const float (&s)[kCols / 8][4], int i, float m0) {

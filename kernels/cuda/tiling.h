@@ -102,7 +102,7 @@ constexpr int64_t bwd_key_bits_bytes(int64_t dkdv_num_kv_blocks, int64_t block_m
 //! wgmma_atomic's dK/dV CTAs per kv block: a kv block's steps run over every head pack of its GQA
 //! group, so with few kv heads there are few dK/dV CTAs and the costliest kv blocks (a dflash
 //! document's first, seen by every anchor of the document) dominate the launch: dflash-512 with one
-//! kv head ran 128 CTAs on 132 SMs, the longest about 3x the mean (PERF_NOTES.md v15). Below
+//! kv head ran 128 CTAs on 132 SMs, the longest about 3x the mean (H200). Below
 //! kMinAtomicDkdvCtas CTAs the head packs are split over 2, 4, ... CTAs (as long as the split
 //! divides them); the CTAs of a kv block add their dK/dV in fp32 (bulk reduce-add into an
 //! accumulator, converted with dQ), so dK and dV are then summed in no fixed order either. The

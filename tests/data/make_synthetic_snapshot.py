@@ -5,7 +5,7 @@ their blocks, "device_traces" with alloc/free/segment/oom events), for the dense
 of tests/data/snapshot_spec.json (1 layer, 2 heads, Q 32, KV 96, fp32 scores = 24 KiB, rounded to
 512 B blocks), ending in an OOM on the probabilities. Synthetic: the sizes are the ones the
 caching allocator would use, the addresses and times made up. The real one recorded on the H200
-is snapshot_h200.pickle (scripts/gpu_check_evidence.sh). Protocol 2 is what LibTorch's pickler
+is snapshot_h200.pickle (dev/gpu/gpu_check_evidence.sh). Protocol 2 is what LibTorch's pickler
 writes (BINPUT memo, LONG1), protocol 4 what Python's pickle.dump writes (framing, MEMOIZE)."""
 import pickle
 import sys

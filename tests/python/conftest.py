@@ -4,7 +4,7 @@ scripts/test.sh) with this build's op library and binary:
     HARNESS_REQUIRE_NATIVE=1 ~/.cache/harness/venv/bin/python -m pytest tests/python
 Without HARNESS_REQUIRE_NATIVE, tests that need the op library or the binary skip when they are
 not built. HARNESS_TEST_INSTALLED=1 tests the installed package instead of the checkout's.
-CUDA tests are marked `cuda` and run only where a GPU is (scripts/gpu_check_python.sh)."""
+CUDA tests are marked `cuda` and run only where a GPU is (dev/gpu/gpu_check_python.sh)."""
 
 import os
 import sys

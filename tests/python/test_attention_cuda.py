@@ -1,4 +1,4 @@
-"""harness.attention on the GPU (marked cuda; runs on the H200 through scripts/gpu_check_python.sh):
+"""harness.attention on the GPU (marked cuda; runs on the H200 through dev/gpu/gpu_check_python.sh):
 against torch.compile(flex_attention) in the same process at the real DFlash dims and at others,
 a training step under torch.compile and CUDA graphs, bad CUDA input."""
 
@@ -83,7 +83,7 @@ def test_matches_compiled_flex_attention(case, cuda_device):
     out, lse = harness.attention(q, k, v, mask, return_lse=True)
     flex_out, flex_lse = flex(q, k, v, mask.flex_block_mask(q.shape[2], k.shape[2], device=cuda_device))
     exact = reference_fp32(q, k, v, mask)
-    # bf16 tolerance relative to flex's own error against the fp32 reference (STYLE.md rule 6).
+    # bf16 tolerance relative to flex's own error against the fp32 reference (docs/STYLE.md rule 6).
     ours_err = (out.float() - exact).abs().max().item()
     flex_err = (flex_out.float() - exact).abs().max().item()
     assert ours_err <= 2 * flex_err + 1e-3, (ours_err, flex_err)

@@ -1,4 +1,4 @@
-"""Evidence in the formats PyTorch users read, end to end through the built binary (issue 19):
+"""Evidence in the formats PyTorch users read, end to end through the built binary:
 a capsule the harness writes loads with safetensors and its id checks out from Python; a step
 written from Python with safetensors replays through `harness replay --import`; `--trace` on the
 CPU keeps a Chrome trace whose ranges name the attention phases and the kernels' configs.

@@ -3,11 +3,11 @@
 # durations (--clock-control none, gpu__time_duration.sum), one process per (case, setting):
 # the kernels forced (autotune off), every attention_* kernel's median over its launches printed
 # per case and setting. The settings are values of one environment variable (default
-# HARNESS_SCHEDULE_ORDER = batch, kv_head: the session-18 table of docs/BENCHMARKS.md).
+# HARNESS_SCHEDULE_ORDER = batch, kv_head: the schedule-order table of kernels/cuda/README.md).
 # Env: BENCH (harness_bench_attention), AB_VAR (HARNESS_SCHEDULE_ORDER), AB_VALUES ("batch kv_head"),
 # AB_CASES (names below), ROUNDS (1), REPS (3 ops per process), OUT (CSV files kept under $OUT/ncu_ab).
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 bench=${BENCH:?set BENCH to harness_bench_attention}
 out=${OUT:-$root/out}/ncu_ab
 mkdir -p "$out"

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# One device call on the H200 image does everything that needs the GPU, so the lease is spent
-# on work, not on machine starts: build (scripts/h200_build.sh), the [cuda] tests, the experiments
+# Runs ON the H200 image: everything that needs the GPU in one command, so that one machine start
+# serves it all: build (dev/gpu/h200_build.sh), the [cuda] tests, the experiments
 # at the real dims (bwd_fusion, anchor_scaling under a 96 GiB cap, the python probes, the warm-up
 # race on the GPU), explain-oom and replay of the founding OOM, writeups, and (unless skipped) the
 # kernel benchmark against torch.compile(flex_attention).
-# Logs go to $OUT (the device tool brings them back); a short summary is printed.
-# Run here first: scripts/prepare_h200.sh (carry .deps). Steps: STEPS="build tests bwd scaling
+# Logs go to $OUT; a short summary is printed.
+# First, on the development machine: dev/gpu/prepare_h200.sh (.deps goes to the GPU machine with the tree). Steps: STEPS="build tests bwd scaling
 # replay python race writeup bench selftest" (default: all but bench and selftest).
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 out=${OUT:-$root/out}
 mkdir -p "$out"
@@ -23,7 +23,7 @@ want() { [[ $steps == *" $1 "* ]]; }
 
 if want build; then
   step build
-  if ! scripts/h200_build.sh >"$out/build.log" 2>&1; then
+  if ! dev/gpu/h200_build.sh >"$out/build.log" 2>&1; then
     tail -40 "$out/build.log"
     exit 1
   fi

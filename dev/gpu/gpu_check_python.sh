@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs ON the H200 image from the repo root (issue 14, the Python face). Run scripts/prepare_h200.sh
-# here first and carry .deps (SQLite headers, pytest). Steps:
-#   1. build harness, harness_ops (the torch ops) and harness_bench_attention (scripts/h200_build.sh);
+# Runs ON the H200 image from the repo root (the Python package). Run dev/gpu/prepare_h200.sh
+# on the development machine first and send .deps with the tree (SQLite headers, pytest). Steps:
+#   1. build harness, harness_ops (the torch ops) and harness_bench_attention (dev/gpu/h200_build.sh);
 #   2. pytest tests/python against that build: every CPU test plus the `cuda` ones
 #      (tests/python/test_attention_cuda.py): harness.attention against torch.compile(flex_attention)
 #      in one process at the real DFlash dims (32/8 heads, D 128, 128 anchors x 16, context 8192)
@@ -16,12 +16,12 @@
 # python_ms within ~0.05 ms of cpp_ms, host_us_per_forward_call for harness.attention a few tens of
 # microseconds at most, layer_ms harness below flex, layer_max_abs_diff.out small against out_scale.
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 out=${OUT:-$root/gpu_check_python.out}
 mkdir -p "$out"
 build_dir=${BUILD_DIR:-$root/build-h200}
-BUILD_TARGETS="harness harness_ops harness_bench_attention" BUILD_DIR=$build_dir scripts/h200_build.sh \
+BUILD_TARGETS="harness harness_ops harness_bench_attention" BUILD_DIR=$build_dir dev/gpu/h200_build.sh \
   > "$out/build.log" 2>&1 || { echo "build failed (see $out/build.log)"; tail -30 "$out/build.log"; exit 2; }
 python3 -c 'import pytest' 2>/dev/null || export PYTHONPATH=$root/.deps/python${PYTHONPATH:+:$PYTHONPATH}
 export HARNESS_OPS_LIBRARY=$build_dir/python/libharness_ops.so HARNESS_BIN=$build_dir/harness/harness

@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """Where the atomic backward's q blocks get their last dQ add: a model on the CPU (no GPU).
 
-Session 12 tried converting dQ inside the atomic backward, by the CTA whose add completes a
-(head, q block) (kernels/cuda/PERF_NOTES.md v10; docs/attempts/session12_fused_dq_convert.patch),
-and measured it slower. This model shows why: it takes the case's real BlockMask lists at the
+Converting dQ inside the atomic backward, by the CTA whose add completes a (head, q block), was
+measured slower than the separate convert kernel (kernels/cuda/README.md, "Rejected designs"). This model shows why: it takes the case's real BlockMask lists at the
 atomic backward's tiling (kernels/cuda/tiling.h: 64 packed rows per step, 128 keys per CTA, heads
 packed as packed_tile does), orders the CTAs longest first as the schedule kernel does (cost = 5
 GEMMs per step per head pack + 4), hands them to 132 SMs one at a time as SMs free up, gives every

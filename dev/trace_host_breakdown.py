@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a fused call's host time goes, from a Kineto trace the harness wrote (`harness run ... --trace`).
 
-    python3 scripts/trace_host_breakdown.py TRACE.json
+    python3 dev/trace_host_breakdown.py TRACE.json
 
 For each host range of the fused CUDA path (kernels/cuda/fused_attention_cuda.cpp records
 `harness::fused_cuda prepare`, `... forward (host)`, `... pick`, `... params + launch`,

@@ -10,7 +10,7 @@ rowsum(O dO) from bf16 O, dS rounded to bf16), all against an fp64 oracle. Input
 hidden Catch2 case [sinks_hd64]: sliding_window 300 over 640 queries, head_dim 64, 4 heads on one
 kv head, keys 0..319 scaled by 6 ("sinks"); other seeds than the GPU test's (CPU RNG).
 
-What it showed (session 12, kernels/cuda/PERF_NOTES.md v10): the lazy rescale's out error is
+What it shows (kernels/cuda/README.md, "The lazy rescale"): the lazy rescale's out error is
 larger in a few percent of rows, by up to 5x, because in eager mode the tile max's probability is
 exactly 1 (exp2(0), exact in bf16) while lazily it is 2^J for the jump J below the threshold,
 which bf16 rounds (2^-9 relative): rows one key dominates get one more rounding on their dominant

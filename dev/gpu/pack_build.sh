@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Run HERE: strips the binaries of BUILD_DIR (default build/) into .gpu/bin and the Debian shared
-# libraries they need that the H200 image lacks (spdlog 1.10, fmt 9) into .gpu/lib, for
-# scripts/h200_carried.sh; name `.gpu` (or the packed `.gpu-pack`) in the device call's carry
-# (ignored by git).
+# Runs on the development machine (Debian 12): strips the binaries of BUILD_DIR (default build/)
+# into .gpu/bin and the Debian shared libraries they need that the H200 image lacks (spdlog 1.10,
+# fmt 9) into .gpu/lib, for dev/gpu/run_prebuilt.sh on the GPU machine; copy `.gpu` (or the packed
+# `.gpu-pack`) to the GPU machine with the tree (both are ignored by git).
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
 rm -rf "$root/.gpu/bin" "$root/.gpu/lib" && mkdir -p "$root/.gpu/bin" "$root/.gpu/lib"
 for b in harness/harness tests/harness_unit_tests tests/harness_torch_tests tests/harness_cli_tests \
@@ -19,8 +19,8 @@ echo "$commit" >"$root/.gpu/bin/git_commit"
 cp -L /lib/x86_64-linux-gnu/libspdlog.so.1.10 /lib/x86_64-linux-gnu/libfmt.so.9 "$root/.gpu/lib/"
 grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >>"$(git -C "$root" rev-parse --git-path info/exclude)"
 du -sh "$root/.gpu/bin" "$root/.gpu/lib"
-# The same, packed (about a third of the size): carry `.gpu-pack` instead of `.gpu` when a call
-# also carries wheels and the 64 MiB would not hold both.
+# The same, packed (about a third of the size): copy `.gpu-pack` instead of `.gpu` where the files
+# sent with one command are limited (64 MiB) and wheels must fit beside the binaries.
 mkdir -p "$root/.gpu-pack"
 tar -C "$root" -czf "$root/.gpu-pack/gpu.tar.gz" .gpu/bin .gpu/lib
 grep -qx '/.gpu-pack/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu-pack/' >>"$(git -C "$root" rev-parse --git-path info/exclude)"

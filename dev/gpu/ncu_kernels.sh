@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Runs ON the H200 (from the repo root): Nsight Compute on our attention kernels at the benchmark's
-# cases, to say where a missed goal's limit is (issue 16: which pipe, which stall). For each case
+# cases, to say where a kernel's limit is (which pipe, which stall). For each case
 # one forward and one backward launch of the kernels the autotuner picks there (forced, autotune
-# off), profiled with the clocks left alone (--clock-control none, device/METHOD.md):
+# off), profiled with the clocks left alone (--clock-control none: the GPU's own clock behaviour, as in training):
 #   SpeedOfLight (SM and memory throughput), ComputeWorkloadAnalysis (pipe utilization: the tensor
 #   pipe is what matters), WarpStateStats and the stall-reason metrics (why warps stall: warps
 #   stalled per issued instruction, by reason), Occupancy, LaunchStats.
 # Env: BENCH (harness_bench_attention), CASES ("causal-128 dflash-512 dflash-128"), OUT.
 # Writes $OUT/ncu_<case>_<fwd|bwd>.txt and prints a short summary per kernel.
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 out=${OUT:-$root/out}
 mkdir -p "$out"
 bench=${BENCH:?set BENCH to harness_bench_attention}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Screenshot of PyTorch's memory_viz rendering an allocator snapshot, offline, in headless Chromium.
 
-    python scripts/memory_viz_screenshot.py SNAPSHOT.pickle OUT.png --memory-viz-js MemoryViz.js --d3 d3.v5.min.js
+    python dev/memory_viz_screenshot.py SNAPSHOT.pickle OUT.png --memory-viz-js MemoryViz.js --d3 d3.v5.min.js
 
 `python -m torch.cuda._memory_viz trace_plot` writes an HTML page that imports MemoryViz.js from a
 CDN, which imports d3 v5 from another; neither is in the torch wheel, and these machines have no

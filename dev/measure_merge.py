@@ -7,7 +7,7 @@ their metrics, dispatch records and stderr tails) taken from a source db, then t
 transaction per shard. Two shapes: one trial per shard (the default --trials-per-task 1) and
 100 trials per shard.
 
-    scripts/measure_merge.py --harness build/harness/harness [--source-db DB] [--trials 1000]
+    dev/measure_merge.py --harness build/harness/harness [--source-db DB] [--trials 1000]
 
 Without --source-db it first runs `harness run anchor_scaling --device cpu` (12 real trials) into a
 scratch db. Prints one line per shape and, with --json, a JSON summary.

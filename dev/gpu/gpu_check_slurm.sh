@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# GPU check for issue 15 (Slurm), run on the H200 image from the repo root (no Slurm there, so this
+# GPU check for Slurm runs, run on the H200 image from the repo root (no Slurm there, so this
 # checks what a Slurm task relies on, not Slurm itself):
 #  1. `--device cuda` resolves to the first GPU of CUDA_VISIBLE_DEVICES, which is how a task gets
 #     "the GPU Slurm gave it": with CUDA_VISIBLE_DEVICES=i the env sees exactly one GPU, the i-th.
 #  2. The batch script for a GPU run asks for --gpus-per-task and runs the trials on device cuda.
 # Expected output: one "ok" line per GPU, then "ok: batch script", and exit 0.
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build_dir=${BUILD_DIR:-$root/build-h200}
-[[ -x $build_dir/harness/harness ]] || BUILD_TARGETS=harness "$root/scripts/h200_build.sh"
+[[ -x $build_dir/harness/harness ]] || BUILD_TARGETS=harness "$root/dev/gpu/h200_build.sh"
 harness=$build_dir/harness/harness
 count=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 for ((i = 0; i < count; i++)); do

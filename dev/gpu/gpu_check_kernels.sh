@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# Runs ON the H200 image from the repo root (issue 16, backward kernels): builds the standalone
-# self-test and the LibTorch tests with scripts/h200_build.sh, then
+# Runs ON the H200 image from the repo root (the attention kernels): builds the standalone
+# self-test and the LibTorch tests with dev/gpu/h200_build.sh, then
 #   1. harness_attention_selftest: every forward and backward kernel against the fp32 GPU and the
 #      float64 CPU references (small and real dims), poisoned outputs, reproducibility (bitwise for
 #      wgmma / mma; dK, dV bitwise and dQ to rounding for wgmma_atomic), then the timing tables;
 #   2. the [cuda] Catch2 cases of tests/test_attention_cuda.cpp (wgmma_atomic forced through the
 #      options against the dense reference at real and awkward dims; deterministic=true never runs
 #      it and refuses it when forced; bitwise reproducibility of the deterministic path);
-#   3. the self-test with --experimental --quick: the forward ping-pong kernel (never run before;
-#      reported apart, not part of the exit status: a failure there means it stays experimental).
+#   3. the self-test with --experimental --quick: the experimental forwards (kExperimentalFwdKernels),
+#      reported apart, not part of the exit status: a failure there means a kernel stays experimental.
 # Logs go to $OUT (or ./gpu_check_kernels.out). Exit status: 0 only when both pass.
 # Expected: self-test "PASSED: 0 failed checks"; wgmma_atomic bwd ms below wgmma's on every REAL
-# case (PERF_NOTES v4: 0.345 / 1.25 / 1.76 vs 0.358 / 1.32 / 1.91); Catch2 "All tests passed".
+# case (kernels/cuda/README.md, "The backward"); Catch2 "All tests passed".
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 out=${OUT:-$root/gpu_check_kernels.out}
 mkdir -p "$out"
 build_dir=${BUILD_DIR:-$root/build-h200}
-BUILD_TARGETS="harness_attention_selftest harness_torch_tests" BUILD_DIR=$build_dir "$root/scripts/h200_build.sh" \
+BUILD_TARGETS="harness_attention_selftest harness_torch_tests" BUILD_DIR=$build_dir "$root/dev/gpu/h200_build.sh" \
   > "$out/build.log" 2>&1 || { echo "build failed (see $out/build.log)"; tail -30 "$out/build.log"; exit 2; }
 selftest=$(find "$build_dir" -name harness_attention_selftest -type f -perm -u+x | head -1)
 timeout 400 "$selftest" --log "$out/selftest.log" > /dev/null

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The include rule of DESIGN.md: one layer per folder, and a file includes only from its own
+"""The include rule of docs/DESIGN.md: one layer per folder, and a file includes only from its own
 layer or lower ones. Scans every C++/CUDA source under the layered folders for `#include "..."`
 and fails (exit 1) on an include that reaches up, naming the file, the line, the include and the
 rule it breaks.
 
-    scripts/check_layers.py [--root DIR]
+    dev/check_layers.py [--root DIR]
 
-Folders outside the table (tests/, bench/, python/, scripts/, notebooks/) may include anything;
+Folders outside the table (tests/, bench/, python/, scripts/, dev/, notebooks/) may include anything;
 generated headers (build_info.h, git_info.h) and system headers are not layered.
 """
 
@@ -58,7 +58,7 @@ def violations(root):
                         elif layer_included > own_layer:
                             found.append(f"{relative}:{number}: includes \"{included}\" ({folder_included}/ is layer "
                                          f"{layer_included}) but {own_folder}/ is layer {own_layer}: a file includes "
-                                         f"only from its own layer or lower ones (DESIGN.md, Layout)")
+                                         f"only from its own layer or lower ones (docs/DESIGN.md, Layout)")
     return found
 
 

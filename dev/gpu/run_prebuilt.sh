@@ -1,38 +1,39 @@
 #!/usr/bin/env bash
-# Runs ON the H200 image (from the repo root) with binaries built on the Debian machine and carried
-# in .gpu/bin (scripts/carry_build.sh makes it): the same torch 2.11.0+cu130 on both, so no build
-# on the device. Tests have the Debian build folder's absolute paths compiled in: they are recreated
-# here as links (HARNESS_BUILT_ROOT). Logs go to $OUT. STEPS picks what runs (default: all below but
+# Runs ON the H200 image (from the repo root) with binaries built on the Debian machine and copied
+# in .gpu/bin (dev/gpu/pack_build.sh makes it): the same torch 2.11.0+cu130 on both, so nothing is
+# built on the GPU machine. Tests have the Debian build folder's absolute paths compiled in: they are
+# recreated here as links (HARNESS_BUILT_ROOT: the source root the binaries were built in). Logs go to $OUT. STEPS picks what runs (default: all below but
 # bench and evidence):
 #   selftest  the kernels alone against fp32/float64 references, timed at the real dims
 #             (SELFTEST_ARGS, e.g. --experimental)
 #   tests     [cuda] Catch2 cases (torch and CLI)
 #   bwd       harness run bwd_fusion --device cuda:0, default (atomic) and deterministic backward
 #   python    pytest tests/python on CUDA, then bench/python_vs_cpp.py
-#   slurm     scripts/gpu_check_slurm.sh
-#   faults    scripts/gpu_check_reliability.sh
-#   evidence  scripts/gpu_check_evidence.sh
+#   slurm     dev/gpu/gpu_check_slurm.sh
+#   faults    dev/gpu/gpu_check_reliability.sh
+#   evidence  dev/gpu/gpu_check_evidence.sh
 #   host      the host side of a fused call: host µs per call and the phase time as the harness
 #             measures it against the kernels' back-to-back time (harness_bench_attention)
-#   ncu       scripts/ncu_kernels.sh: Nsight Compute on the fwd/bwd kernels (NCU_CASES)
+#   ncu       dev/gpu/ncu_kernels.sh: Nsight Compute on the fwd/bwd kernels (NCU_CASES)
 #   bench     bench/attention_vs_flex.py (CASES, PEERS, BUDGET_S)
 #   peaks     bwd_fusion's fused peaks that the memory model's test checks (not in the default STEPS)
-# A carried .whl/fa4-part1 (half of flash-attn-4's wheels) is copied to /tmp/fa4-part1 whatever
-# the steps, so that the next call on this warm machine can carry the other half.
+# A .whl/fa4-part1 in the tree (half of flash-attn-4's wheels, dev/gpu/fa4_wheels.sh) is copied to
+# /tmp/fa4-part1 whatever the steps, so that a later command on the same machine, sent with the
+# other half, finds both.
 set -uo pipefail
 root=$PWD
 out=${OUT:-$root/out}
 mkdir -p "$out"
-built=${HARNESS_BUILT_ROOT:?set HARNESS_BUILT_ROOT to the source root of the carried build}
+built=${HARNESS_BUILT_ROOT:?set HARNESS_BUILT_ROOT to the source root the binaries were built in}
 steps=" ${STEPS:-selftest tests bwd python slurm faults} "
 want() { [[ $steps == *" $1 "* ]]; }
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
 
-# The binaries: .gpu/ as carried, else unpacked from .gpu-pack/gpu.tar.gz, else the copy an earlier
-# call left in /tmp/harness-gpu on this warm machine (a call carrying wheels can then leave them out).
+# The binaries: .gpu/ as copied, else unpacked from .gpu-pack/gpu.tar.gz, else the copy an earlier
+# command left in /tmp/harness-gpu on this machine (a command sent with wheels can then leave them out).
 if [[ ! -d .gpu/bin && -f .gpu-pack/gpu.tar.gz ]]; then tar -xzf .gpu-pack/gpu.tar.gz; fi
 if [[ -d .gpu/bin ]]; then rm -rf /tmp/harness-gpu && cp -r .gpu /tmp/harness-gpu
-elif [[ -d /tmp/harness-gpu/bin ]]; then cp -r /tmp/harness-gpu .gpu && echo "binaries from an earlier call (/tmp/harness-gpu)"
+elif [[ -d /tmp/harness-gpu/bin ]]; then cp -r /tmp/harness-gpu .gpu && echo "binaries from an earlier command (/tmp/harness-gpu)"
 fi
 # The Debian tree's paths, pointing here; the build folder filled from .gpu/bin.
 if [[ $built != "$root" ]]; then
@@ -50,7 +51,7 @@ for t in harness_bench_attention harness_mask_describe harness_bench_prep_bandwi
 torch_lib=$(python3 -c 'import torch,os;print(os.path.join(os.path.dirname(torch.__file__),"lib"))')
 export LD_LIBRARY_PATH=$root/.gpu/lib:$torch_lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export BUILD_DIR=$build OUT=$out
-# The carried binaries' commit (scripts/carry_build.sh), for the bench's header.
+# The binaries' commit (recorded by dev/gpu/pack_build.sh), for the bench's header.
 [[ -f .gpu/bin/git_commit ]] && export HARNESS_BINARIES_COMMIT=$(cat .gpu/bin/git_commit)
 h=$build/harness/harness
 "$h" env --device cuda:0 >"$out/env.txt" 2>&1
@@ -96,9 +97,9 @@ if want python; then
   timeout "${PYVSCPP_TIMEOUT:-300}" python3 bench/python_vs_cpp.py --binary "$build/bench/harness_bench_attention" >"$out/python_vs_cpp.log" 2>&1
   echo "rc=$?"; tail -25 "$out/python_vs_cpp.log"
 fi
-if want slurm; then step "slurm GPU check"; timeout 120 scripts/gpu_check_slurm.sh 2>&1 | tail -5; fi
-if want faults; then step "faults GPU check"; timeout 200 scripts/gpu_check_reliability.sh 2>&1 | tail -8; fi
-if want evidence; then step "evidence GPU check"; timeout 400 scripts/gpu_check_evidence.sh 2>&1 | tail -25; fi
+if want slurm; then step "slurm GPU check"; timeout 120 dev/gpu/gpu_check_slurm.sh 2>&1 | tail -5; fi
+if want faults; then step "faults GPU check"; timeout 200 dev/gpu/gpu_check_reliability.sh 2>&1 | tail -8; fi
+if want evidence; then step "evidence GPU check"; timeout 400 dev/gpu/gpu_check_evidence.sh 2>&1 | tail -25; fi
 if want host; then
   step "host side of a fused call (harness_bench_attention)"
   for flags in "--mask dflash --anchors 128" "--mask dflash --anchors 512" "--mask causal --anchors 128"; do
@@ -115,9 +116,9 @@ fi
 if want ncu; then
   step "Nsight Compute on the kernels"
   BENCH=$build/bench/harness_bench_attention CASES="${NCU_CASES:-causal-128 dflash-512 dflash-128}" \
-    timeout "${NCU_TIMEOUT:-240}" scripts/ncu_kernels.sh 2>&1 | tail -80
+    timeout "${NCU_TIMEOUT:-240}" dev/gpu/ncu_kernels.sh 2>&1 | tail -80
 fi
 if want bench; then
   step "fair benchmark"
-  SKIP_BUILD=1 timeout "${BENCH_TIMEOUT:-560}" scripts/gpu_check_bench.sh 2>&1 | tail -40
+  SKIP_BUILD=1 timeout "${BENCH_TIMEOUT:-560}" dev/gpu/gpu_check_bench.sh 2>&1 | tail -40
 fi

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# GPU check of issue 17 (runs ON the H200 image from the repo root, after scripts/h200_build.sh):
+# GPU check of the reliability guarantees (docs/RELIABILITY.md; runs ON the H200 image from the repo root, after dev/gpu/h200_build.sh):
 #  1. kill -9 of the harness while a trial child holds GPU memory (a hang fault after its inputs
 #     are on cuda:0): the child must be gone from nvidia-smi's compute apps, the run "abandoned".
 #  2. the fault suite ([faults]) and the hostile-input CLI tests ([hostile]) on this machine.
 # Prints "PASS: ..." per check and exits non-zero on the first failure.
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build_dir=${BUILD_DIR:-$root/build-h200}
 harness=$build_dir/harness/harness
 work=$(mktemp -d)

@@ -2,7 +2,7 @@
 # Concurrent writers at a chosen scale (the fault suite runs 3 x 2): WRITERS harness processes,
 # each running RUNS runs of a one-trial spec into one db, then checks that every run and trial
 # is stored, every run ended ok, and SQLite's integrity_check is ok. Prints one line of figures.
-# Usage: scripts/stress_writers.sh [WRITERS=8] [RUNS=12]   (BUILD_DIR: where harness is built)
+# Usage: dev/stress_writers.sh [WRITERS=8] [RUNS=12]   (BUILD_DIR: where harness is built)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 harness=${BUILD_DIR:-$root/build}/harness/harness

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Run HERE (with network) before the benchmark's device calls: downloads flash-attn-4 and the
-# CuTe DSL wheels it needs for the H200 image (CPython 3.12, manylinux x86_64, CUDA 13), with
-# `pip download --no-deps` and pinned versions, and splits them into two folders that each fit one
-# device call's 64 MiB carry (the CUDA 13 libs wheel alone is 88 MiB, so it is cut in two):
+# Runs on the development machine (with network), before the benchmark: downloads flash-attn-4 and
+# the CuTe DSL wheels it needs for the H200 image (CPython 3.12, manylinux x86_64, CUDA 13), with
+# `pip download --no-deps` and pinned versions, and splits them into two folders of at most 64 MiB
+# each, the most one command sends to the GPU machine (the CUDA 13 libs wheel alone is 88 MiB, so
+# it is cut in two):
 #   .whl/fa4-part1   first half of nvidia_cutlass_dsl_libs_cu13                (~44 MiB)
 #   .whl/fa4-part2   its second half + the other wheels + SHA256SUMS             (~54 MiB)
-# Call 1 carries .whl/fa4-part1 (and .deps), call 2 carries .whl/fa4-part2 (and .deps): ignored
-# paths stay on the warm machine between calls, and scripts/gpu_check_bench.sh joins and installs
-# them. Usage: scripts/fa4_wheels.sh [download-dir (default .whl/fa4-download)]
+# A first command sends .whl/fa4-part1 (and .deps), a second one on the same machine .whl/fa4-part2
+# (and .deps); dev/gpu/gpu_check_bench.sh keeps the first half in /tmp, then joins and installs
+# them. Usage: dev/gpu/fa4_wheels.sh [download-dir (default .whl/fa4-download)]
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 download=${1:-$root/.whl/fa4-download}
 pip=${PIP:-${HARNESS_VENV:-$HOME/.cache/harness/venv}/bin/pip}
 platform=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64

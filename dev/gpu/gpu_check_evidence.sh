@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs ON the H200 image from the repo root (issue 19, evidence in PyTorch's formats). Builds the
-# harness with scripts/h200_build.sh, then
+# Runs ON the H200 image from the repo root (evidence in PyTorch's formats). Builds the
+# harness with dev/gpu/h200_build.sh, then
 #   1. the founding OOM with its allocator snapshot:
 #        harness run anchor_scaling --device cuda:0 --memory-limit 96GiB --memory-snapshot
 #      expects the dense trial at anchors=512 layers=5 to end `oom` and keep a memory_snapshot
@@ -14,19 +14,19 @@
 #      kernels (attention_fwd*_kernel, attention_bwd*_kernel) and the harness ranges, labelled with
 #      the dispatch trace's implementation, kernel and config; loaded by Perfetto's trace processor
 #      when the `perfetto` package and its trace_processor_shell binary are there (that binary is a
-#      download, and the image has no network: set TRACE_PROCESSOR_BIN to a carried copy), else
+#      download, and the image has no network: set TRACE_PROCESSOR_BIN to a copy sent with the tree), else
 #      parsed as JSON (said so in the log);
 #   4. `harness explain-oom "Tried to allocate 15.09 GiB" --spec anchor_scaling --set dims.anchors=512
 #      --set dims.layers=5 --solve dims.context`, and the solved point run dense under
 #      --memory-limit 96GiB: its OOM asks for the same 15.09 GiB.
 # Logs and files go to $OUT (or ./gpu_check_evidence.out). Exit status 0 only when every check passes.
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 out=${OUT:-$root/gpu_check_evidence.out}
 mkdir -p "$out"
 build_dir=${BUILD_DIR:-$root/build-h200}
-# A harness already there (scripts/h200_carried.sh copies the carried one) is used as it is.
-[[ -x $build_dir/harness/harness ]] || BUILD_TARGETS="harness" BUILD_DIR=$build_dir "$root/scripts/h200_build.sh" > "$out/build.log" 2>&1 ||
+# A harness already there (dev/gpu/run_prebuilt.sh puts the prebuilt one there) is used as it is.
+[[ -x $build_dir/harness/harness ]] || BUILD_TARGETS="harness" BUILD_DIR=$build_dir "$root/dev/gpu/h200_build.sh" > "$out/build.log" 2>&1 ||
   { echo "build failed (see $out/build.log)"; tail -30 "$out/build.log"; exit 2; }
 harness=$build_dir/harness/harness
 failures=0
@@ -59,7 +59,7 @@ check "the snapshot's largest block is the 16 GiB scores tensor" grep -qE "large
 python3 -m torch.cuda._memory_viz stats "$snapshot" > "$out/memory_viz_stats.txt" 2>&1
 check "PyTorch's memory_viz reads it (stats)" test $? -eq 0
 python3 -m torch.cuda._memory_viz trace_plot "$snapshot" -o "$out/snapshot.html" > /dev/null 2>&1
-check "memory_viz trace_plot writes the HTML (screenshot it with scripts/memory_viz_screenshot.py)" test -s "$out/snapshot.html"
+check "memory_viz trace_plot writes the HTML (screenshot it with dev/memory_viz_screenshot.py)" test -s "$out/snapshot.html"
 cp "$snapshot" "$out/anchor_scaling_oom.snapshot.pickle" 2>/dev/null
 mkdir -p "$out/writeup"
 "$harness" writeup "$run_id" --db "$db" -o "$out/writeup/anchor_scaling.md" > "$out/writeup.log" 2>&1

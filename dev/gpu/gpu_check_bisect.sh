@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU check of issue 18 (`harness bisect`), run ON the H200 image from the repo root after
-# scripts/prepare_h200.sh (no network there: every test installs only wheels it builds itself).
+# GPU check of `harness bisect`, run ON the H200 image from the repo root after
+# dev/gpu/prepare_h200.sh (no network there: every test installs only wheels it builds itself).
 #   1. builds the unit and CLI tests with Catch2 v3 (the development machine has v2);
 #   2. runs the [bisect] tests: the search, versions, judging and db rows, then end to end:
 #      tiny wheels, real venvs (venv + pip; uv too when it is in $PATH), a bisect over them on
@@ -11,9 +11,9 @@
 # Expected: both test commands "All tests passed"; step 3 prints "same verdict RACE" (or the
 # verdict the image's Triton reads) and "exit 2".
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
-BUILD_TARGETS="harness harness_unit_tests harness_cli_tests" scripts/h200_build.sh
+BUILD_TARGETS="harness harness_unit_tests harness_cli_tests" dev/gpu/h200_build.sh
 build=${BUILD_DIR:-$root/build-h200}
 "$build/tests/harness_unit_tests" "[bisect]"
 "$build/tests/harness_cli_tests" "[bisect]"
