@@ -238,7 +238,7 @@ Failure read_failure_log(const std::string& path, const std::string& text) {
 
 std::string_view failure_kind_name(FailureKind kind) {
   switch (kind) {
-    case FailureKind::attention_oom: return "out of memory in an attention backward";
+    case FailureKind::attention_oom: return "out of memory in an attention call";
     case FailureKind::oom: return "out of memory";
     case FailureKind::autotune_race: return "Triton autotuner state (nargs)";
     case FailureKind::kernel_cache: return "damaged kernel cache";
@@ -259,13 +259,13 @@ std::pair<FailureKind, std::string> classify(const Failure& failure) {
                    has(text, "CUBLAS_STATUS_ALLOC_FAILED");
   if (oom) {
     const std::string what = fmt::format("{} \"{}\"", type.empty() ? "the message" : type, first_line(text).substr(0, 160));
-    if (failure.in_attention && failure.phase == "backward")
-      return {FailureKind::attention_oom,
-              what + " raised in the backward of an attention call" + (failure.detail.empty() ? "" : " (" + failure.detail + ")")};
+    if (failure.in_attention)
+      return {FailureKind::attention_oom, what + " raised in the " + (failure.phase.empty() ? "" : failure.phase + " of the ") +
+                                              "attention call" + (failure.detail.empty() ? "" : " (" + failure.detail + ")")};
     if (failure.phase == "backward" && failure.from_log)
       return {FailureKind::attention_oom, what + " in a backward whose traceback names attention"};
     return {FailureKind::oom, what + (failure.phase.empty() ? "" : " in the " + failure.phase) +
-                                  ", not inside an observed attention backward"};
+                                  ", not inside an observed attention call"};
   }
   const bool key_or_type = type == "KeyError" || type == "TypeError" || has(type, ".KeyError") || has(type, ".TypeError");
   if (key_or_type && (has(everything, "nargs") || has(failure.traceback, "autotuner") ||
@@ -290,13 +290,9 @@ std::vector<std::string> dims_sets(const CapturedStep& step) {
       fmt::format("dims.kv_heads={}", step.kv_heads), fmt::format("dims.head_dim={}", step.head_dim),
       fmt::format("dims.dtype={}", step.dtype),       fmt::format("dims.block_size={}", step.block_size),
       fmt::format("dims.anchors={}", step.anchors),   fmt::format("dims.context={}", step.context)};
-  if (step.mask.is_object()) {
-    const std::string type = step.mask.value("type", "dflash");
-    if (type != "dflash") sets.push_back("mask.type=" + type);
-    for (const char* key : {"context_rule", "in_block"})
-      if (step.mask.contains(key)) sets.push_back(fmt::format("mask.{}={}", key, step.mask[key].get<std::string>()));
-    if (step.mask.contains("doc_lengths")) sets.push_back("mask.doc_lengths=" + step.mask["doc_lengths"].dump());
-  }
+  // The whole mask section at once: a --set of an object replaces it, so no field of the spec's own
+  // mask (documents, a dflash-only rule) is left to contradict the captured one.
+  if (step.mask.is_object()) sets.push_back("mask=" + step.mask.dump());
   return sets;
 }
 
@@ -321,15 +317,22 @@ TriagePlan plan_triage(const Failure& failure, const PlanOptions& options) {
       plan.notes.push_back("the captured mask is none of the named kinds (" + failure.step->mask_note +
                            "); the experiments run the dflash mask at the captured lengths");
   }
+  const std::vector<std::string> captured_sets = plan.sets;
   plan.sets.insert(plan.sets.end(), options.sets.begin(), options.sets.end());
-  const auto with_sets = [&](std::vector<std::string> args, const std::vector<std::string>& skip_prefixes = {}) {
-    for (const std::string& set : plan.sets) {
+  // The captured dims (but those `skip_prefixes` names), then `extra`, then the user's own --set.
+  const auto with_sets = [&](std::vector<std::string> args, const std::vector<std::string>& skip_prefixes = {},
+                             const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> sets;
+    for (const std::string& set : captured_sets) {
       bool skipped = false;
       for (const auto& prefix : skip_prefixes) skipped = skipped || set.rfind(prefix, 0) == 0;
-      if (!skipped) {
-        args.push_back("--set");
-        args.push_back(set);
-      }
+      if (!skipped) sets.push_back(set);
+    }
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    sets.insert(sets.end(), options.sets.begin(), options.sets.end());
+    for (const std::string& set : sets) {
+      args.push_back("--set");
+      args.push_back(set);
     }
     return args;
   };
@@ -347,12 +350,11 @@ TriagePlan plan_triage(const Failure& failure, const PlanOptions& options) {
                           with_sets({"explain-oom", message, "--spec", "bwd_fusion", "--solve", "dims.anchors", "--solve",
                                      "dims.context"})});
   };
-  const auto run_step = [&](const std::string& experiment, const std::string& purpose, std::vector<std::string> extra = {},
-                            const std::vector<std::string>& skip = {}) {
+  const auto run_step = [&](const std::string& experiment, const std::string& purpose,
+                            const std::vector<std::string>& extra_sets = {}, const std::vector<std::string>& skip = {}) {
     std::vector<std::string> args = {"run", experiment};
     args.insert(args.end(), device.begin(), device.end());
-    args = with_sets(args, skip);
-    args.insert(args.end(), extra.begin(), extra.end());
+    args = with_sets(args, skip, extra_sets);
     plan.hypotheses.push_back(experiment);
     plan.steps.push_back({experiment, "run", experiment, purpose, args});
   };
@@ -370,11 +372,11 @@ TriagePlan plan_triage(const Failure& failure, const PlanOptions& options) {
                              "Q×KV scores, where the fused kernels do not");
       run_step("anchor_scaling", "does the dense backward's memory grow with Q×KV (the anchor count) while the fused one "
                                  "grows with Q+KV",
-               {"--set", "dims.anchors=" + anchor_sweep(with_step ? failure.step->anchors : 512)}, {"dims.anchors="});
+               {"dims.anchors=" + anchor_sweep(with_step ? failure.step->anchors : 512)}, {"dims.anchors="});
       break;
     case FailureKind::oom:
       explain_steps();
-      plan.notes.push_back("the OOM was not raised inside an attention backward, which is what bwd_fusion and "
+      plan.notes.push_back("the OOM was not raised inside an attention call, which is what bwd_fusion and "
                            "anchor_scaling test; explain-oom says whether the request is the size of an attention tensor");
       break;
     case FailureKind::autotune_race: {
@@ -586,12 +588,14 @@ Conclusion conclude(const Failure& failure, const TriagePlan& plan, const std::v
     case FailureKind::attention_oom:
     case FailureKind::oom: {
       const std::string request = failure.requested_bytes ? bytes_text(static_cast<double>(*failure.requested_bytes)) : "";
-      const bool fused_fits = fused_status == "ok" && fused_bwd.has_value();
-      const bool dense_large = dense_status == "oom" ||
-                               (dense_bwd && fused_bwd && *dense_bwd > 4.0 * std::max(*fused_bwd, 1.0));
-      const bool scores_named = named.find("dense") != std::string::npos;
-      if (plan.kind == FailureKind::attention_oom && fused_fits && (dense_large || scores_named)) {
-        std::string why = "The unfused attention backward materializes the Q×KV scores";
+      // The fix is claimed only where the measurements carry it: the fused replay ran, needs less than
+      // the request that failed, and far less than the dense replay (or the dense one ran out).
+      const bool fused_fits = fused_status == "ok" && fused_bwd.has_value() &&
+                              (!failure.requested_bytes || *fused_bwd < static_cast<double>(*failure.requested_bytes));
+      const bool dense_large = dense_status == "oom" || (dense_bwd && fused_bwd && *dense_bwd > 2.0 * std::max(*fused_bwd, 1.0));
+      if (plan.kind == FailureKind::attention_oom && fused_fits && dense_large) {
+        std::string why = std::string("The unfused attention ") + (failure.phase == "forward" ? "path" : "backward") +
+                          " materializes the Q×KV scores";
         std::vector<std::string> evidence;
         if (!request.empty() && !named.empty()) evidence.push_back("the " + request + " the job asked for is " + named);
         if (dense_status == "oom")
@@ -617,7 +621,7 @@ Conclusion conclude(const Failure& failure, const TriagePlan& plan, const std::v
         sentences.push_back("The measurements do not show that the fused path fits where the unfused one ran out: " +
                             (seen.empty() ? std::string("nothing was measured") : join(seen, "; ")) + ".");
       } else {
-        sentences.push_back("The out-of-memory error was raised outside an attention backward; no shipped hypothesis "
+        sentences.push_back("The out-of-memory error was raised outside the attention calls; no shipped hypothesis "
                             "covers it." +
                             (named.empty() ? std::string() : " Its request has the size of " + named + ".") +
                             (dense_bwd && fused_bwd ? " The captured attention step itself needs " + bytes_text(*dense_bwd) +

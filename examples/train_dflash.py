@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
 
-SMALL = {"heads": 4, "kv_heads": 2, "head_dim": 64, "anchors": 8, "context": 256, "documents": 2, "layers": 2,
+# bwd_fusion's CPU profile: one fp32 score matrix is 12 MiB, several times what the fused kernels need.
+SMALL = {"heads": 4, "kv_heads": 2, "head_dim": 64, "anchors": 32, "context": 1024, "documents": 2, "layers": 2,
          "dtype": "fp32", "vocab": 512}
 
 
@@ -40,7 +41,7 @@ def parse_args(argv=None):
     parser.add_argument("--attention", choices=["flex", "flex-compiled", "sdpa"],
                         help="attention path (default: flex on CUDA, sdpa on the CPU)")
     parser.add_argument("--small", action="store_true",
-                        help="CPU-sized dims: 4 heads, 2 KV heads, head_dim 64, 8 anchors, context 256, fp32")
+                        help="CPU-sized dims: 4 heads, 2 KV heads, head_dim 64, 32 anchors, context 1024, fp32")
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
@@ -177,30 +178,29 @@ class Drafter(nn.Module):
         return self.lm_head(self.norm(draft))
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    device = torch.device(args.device)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    torch.manual_seed(args.seed)
-    generator = torch.Generator().manual_seed(args.seed)
-    if device.type == "cuda" and args.memory_fraction is not None:
-        torch.cuda.set_per_process_memory_fraction(args.memory_fraction, device)
-    q_len = args.anchors * args.block_size
-    kv_len = args.context + q_len
-    hidden = args.heads * args.head_dim
-    model = Drafter(args).to(device=device, dtype=dtype)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    compiled_flex = torch.compile(flex_attention, dynamic=False) if args.attention == "flex-compiled" else None
-    print(f"train_dflash: {args.layers} layers, {args.heads}/{args.kv_heads} heads x {args.head_dim}, {args.anchors} "
-          f"anchors x {args.block_size}, context {args.context} ({args.documents} documents), Q {q_len}, KV {kv_len}, "
-          f"{args.dtype}, {args.attention} on {device}", file=sys.stderr)
+class Job:
+    """The model, its optimizer and one training step (`bench/capture_overhead.py` times steps)."""
 
-    times = []
-    for step in range(args.steps):
-        start = time.perf_counter()
+    def __init__(self, args):
+        self.args = args
+        self.device = torch.device(args.device)
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+        torch.manual_seed(args.seed)
+        self.generator = torch.Generator().manual_seed(args.seed)
+        if self.device.type == "cuda" and args.memory_fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(args.memory_fraction, self.device)
+        self.q_len = args.anchors * args.block_size
+        self.kv_len = args.context + self.q_len
+        self.model = Drafter(args).to(device=self.device, dtype=self.dtype)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr)
+        self.compiled_flex = torch.compile(flex_attention, dynamic=False) if args.attention == "flex-compiled" else None
+
+    def step(self, step):
+        args, device = self.args, self.device
+        q_len, kv_len = self.q_len, self.kv_len
         # One packed sequence: documents of equal length, anchors drawn in them, the target's hidden states.
         doc_ids = (torch.arange(args.context) * args.documents // args.context).view(1, -1)
-        anchors = sample_anchors(doc_ids, args.anchors, args.block_size, generator)
+        anchors = sample_anchors(doc_ids, args.anchors, args.block_size, self.generator)
         mask_mod = create_dflash_mask_mod(anchors.to(device), doc_ids.to(device), args.context, args.block_size)
         if args.attention == "sdpa":
             dense = create_mask(mask_mod, 1, 1, q_len, kv_len, device=device)
@@ -209,26 +209,40 @@ def main(argv=None):
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True)
         else:
             block_mask = create_block_mask(mask_mod, 1, None, q_len, kv_len, device=device)
-            run_flex = compiled_flex or flex_attention
+            run_flex = self.compiled_flex or flex_attention
 
             def attend(q, k, v):
                 return run_flex(q, k, v, block_mask=block_mask, enable_gqa=True)
 
-        target_hidden = torch.randn(1, args.context, hidden, generator=generator).to(device=device, dtype=dtype)
-        draft_tokens = torch.randint(args.vocab, (1, q_len), generator=generator).to(device)
-        labels = torch.randint(args.vocab, (1, q_len), generator=generator).to(device)
+        hidden = args.heads * args.head_dim
+        target_hidden = torch.randn(1, args.context, hidden, generator=self.generator).to(device=device, dtype=self.dtype)
+        draft_tokens = torch.randint(args.vocab, (1, q_len), generator=self.generator).to(device)
+        labels = torch.randint(args.vocab, (1, q_len), generator=self.generator).to(device)
         planted = None
         if args.plant_oom_at_step == step:
             planted = (step, args.heads * q_len * kv_len * 4)   # one fp32 score matrix [H, Q, KV]
-        logits = model(draft_tokens, target_hidden, attend, planted)
+        logits = self.model(draft_tokens, target_hidden, attend, planted)
         loss = F.cross_entropy(logits.float().view(-1, args.vocab), labels.view(-1))
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        return loss.item()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    job = Job(args)
+    print(f"train_dflash: {args.layers} layers, {args.heads}/{args.kv_heads} heads x {args.head_dim}, {args.anchors} "
+          f"anchors x {args.block_size}, context {args.context} ({args.documents} documents), Q {job.q_len}, "
+          f"KV {job.kv_len}, {args.dtype}, {args.attention} on {job.device}", file=sys.stderr)
+    times = []
+    for step in range(args.steps):
+        start = time.perf_counter()
+        loss = job.step(step)
         times.append(time.perf_counter() - start)
-        print(f"step {step}: loss {loss.item():.4f}, {times[-1] * 1e3:.1f} ms", file=sys.stderr)
+        print(f"step {step}: loss {loss:.4f}, {times[-1] * 1e3:.1f} ms", file=sys.stderr)
     if args.report_speed:
         measured = times[1:] or times
         print(json.dumps({"steps": len(measured), "steps_per_s": len(measured) / math.fsum(measured)}))

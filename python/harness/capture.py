@@ -24,6 +24,7 @@ observed only in its failure (exception, allocator snapshot). python/README.md, 
 """
 
 import argparse
+import collections
 import functools
 import inspect
 import json
@@ -50,9 +51,16 @@ def _tensor_bytes(tensor):
     return tensor.numel() * tensor.element_size()
 
 
-def _describe(tensor):
-    return {"shape": list(tensor.shape), "dtype": str(tensor.dtype).replace("torch.", ""), "device": str(tensor.device),
-            "requires_grad": bool(tensor.requires_grad)}
+def _meta(tensor):
+    """What a call's description needs of a tensor: the objects themselves, formatted at write time
+    (a call pays for four attribute reads, not for strings)."""
+    return tensor.shape, tensor.dtype, tensor.device, tensor.requires_grad
+
+
+def _format_meta(meta):
+    shape, dtype, device, requires_grad = meta
+    return {"shape": list(shape), "dtype": str(dtype).replace("torch.", ""), "device": str(device),
+            "requires_grad": bool(requires_grad)}
 
 
 class _Call:
@@ -63,21 +71,31 @@ class _Call:
         self.op = op
         self.compiled = compiled
         self.compile_options = compile_options
-        self.time = time.time()
         self.tensors = {}          # q, k, v, out, grad_out: references, not copies
         self.mask = None           # the BlockMask, or an SDPA attn_mask tensor
         self.kept_bytes = 0
         self.dropped = None        # why the tensors are gone, once they are
-        self.info = {}
+        self.metas = {}            # q, k, v, out, attn_mask: _meta tuples
+        self.block_mask = None     # (BLOCK_SIZE, seq_lengths, list shape, mask_mod name) of a BlockMask
+        self.info = {}             # scale, enable_gqa, the mask's description ...
         self.grad_out_caught = False
-        self.input_grads = []      # which of q, k, v had their gradient delivered
+        self.watched = None        # the input whose gradient tells that the call's backward is done
+        self.watched_grad = False
         self.forward_error = False
 
     def describe(self):
-        description = {"index": self.index, "op": self.op, "compiled": self.compiled, **self.info,
-                       "grad_out_caught": self.grad_out_caught, "input_grads": list(self.input_grads),
+        description = {"index": self.index, "op": self.op, "compiled": self.compiled,
+                       **{name: _format_meta(meta) for name, meta in self.metas.items()}, **self.info,
+                       "grad_out_caught": self.grad_out_caught,
                        "tensors_kept": sorted(self.tensors) if self.dropped is None else [],
                        "kept_bytes": self.kept_bytes if self.dropped is None else 0}
+        if self.block_mask is not None:
+            block_size, lengths, shape, mask_mod = self.block_mask
+            description["block_mask"] = {"block_size": [int(x) for x in block_size],
+                                         "seq_lengths": [int(x) for x in lengths], "shape": list(shape),
+                                         "mask_mod": mask_mod}
+        if self.watched is not None:
+            description["input_grad_arrived"] = {self.watched: self.watched_grad}
         if self.compile_options is not None:
             description["compile_options"] = self.compile_options
         if self.dropped is not None:
@@ -127,10 +145,10 @@ def _on_grad_out(index, grad):
         state.grad_out(index, grad)
 
 
-def _on_input_grad(index, name, grad):
+def _on_input_grad(index, grad):
     state = _state
     if state is not None:
-        state.input_grad(index, name)
+        state.input_grad(index)
 
 
 class _Capture:
@@ -140,7 +158,8 @@ class _Capture:
         self.torch = torch
         self.options = options
         self.lock = threading.RLock()
-        self.calls = []               # _Call, oldest first (descriptions capped at _MAX_CALL_RECORDS)
+        self.calls = collections.deque()    # _Call, oldest first (descriptions capped at _MAX_CALL_RECORDS)
+        self.holding = collections.deque()  # the calls whose tensors are kept, oldest first
         self.next_index = 0
         self.kept_bytes = 0
         self.written = []             # paths of the capture files written
@@ -201,41 +220,40 @@ class _Capture:
         with self.lock:
             call = _Call(self.next_index, op, compiled, compile_options)
             self.next_index += 1
+            call.metas.update(q=_meta(q), k=_meta(k), v=_meta(v))
             info = call.info
-            info.update(q=_describe(q), k=_describe(k), v=_describe(v))
             scale = named.get("scale")
             info["scale"] = None if scale is None else float(scale)
             info["enable_gqa"] = bool(named.get("enable_gqa", False))
             if op == "flex_attention":
                 block_mask = named.get("block_mask")
-                info["score_mod"] = None if named.get("score_mod") is None else getattr(named["score_mod"], "__name__", "?")
+                score_mod = named.get("score_mod")
+                info["score_mod"] = None if score_mod is None else getattr(score_mod, "__qualname__", repr(score_mod))
                 info["return_lse"] = bool(named.get("return_lse", False)) or named.get("return_aux") is not None
                 kernel_options = named.get("kernel_options")
                 info["kernel_options"] = None if kernel_options is None else {key: repr(value) for key, value in
                                                                               dict(kernel_options).items()}
                 if block_mask is not None:
-                    info["block_mask"] = {"block_size": [int(s) for s in block_mask.BLOCK_SIZE],
-                                          "seq_lengths": [int(s) for s in block_mask.seq_lengths],
-                                          "shape": list(block_mask.kv_num_blocks.shape),
-                                          "mask_mod": getattr(block_mask.mask_mod, "__qualname__", repr(block_mask.mask_mod))}
                     call.mask = block_mask
+                    call.block_mask = (block_mask.BLOCK_SIZE, block_mask.seq_lengths, block_mask.kv_num_blocks.shape,
+                                       getattr(block_mask.mask_mod, "__qualname__", None))
             else:
                 attn_mask = named.get("attn_mask")
                 info["is_causal"] = bool(named.get("is_causal", False))
                 info["dropout_p"] = float(named.get("dropout_p", 0.0) or 0.0)
                 if isinstance(attn_mask, torch.Tensor):
-                    info["attn_mask"] = _describe(attn_mask)
+                    call.metas["attn_mask"] = _meta(attn_mask)
                     call.mask = attn_mask
-            for tensor in (q, k, v):
-                if tensor.is_cuda:
-                    self.cuda_devices.add(tensor.device.index or 0)
             if q.is_cuda:
+                self.cuda_devices.add(q.device.index or 0)
                 self._start_cuda_recording()
             self.calls.append(call)
-            extra = [call.mask] if isinstance(call.mask, torch.Tensor) else []
-            self._keep(call, {"q": q, "k": k, "v": v}, extra)
             if len(self.calls) > _MAX_CALL_RECORDS:
-                self._drop(self.calls.pop(0), "")
+                oldest = self.calls.popleft()
+                if oldest.dropped is None and oldest.kept_bytes:
+                    self.holding.remove(oldest)
+                    self._drop(oldest, "")
+            self._keep(call, {"q": q, "k": k, "v": v}, call.mask if isinstance(call.mask, torch.Tensor) else None)
             return call
 
     def _after(self, call, result):
@@ -243,18 +261,20 @@ class _Capture:
         out = result if isinstance(result, torch.Tensor) else result[0] if isinstance(result, (tuple, list)) else None
         if not isinstance(out, torch.Tensor):
             return
-        call.info["out"] = _describe(out)
+        call.metas["out"] = _meta(out)
         with self.lock:
             if call.dropped is None:
                 self._keep(call, {"out": out})
         if out.requires_grad:
             out.register_hook(functools.partial(_on_grad_out, call.index))
-        for name in ("q", "k", "v"):
-            tensor = call.tensors.get(name)
-            # Hooks on non-leaf inputs live on their grad_fn, which goes with the step's graph; a hook
-            # on a leaf would stay on it for good, one more per call.
-            if tensor is not None and tensor.requires_grad and tensor.grad_fn is not None:
-                tensor.register_hook(functools.partial(_on_input_grad, call.index, name))
+            # One input's gradient tells that the call's backward is done. Hooks on non-leaf inputs live
+            # on their grad_fn, which goes with the step's graph; one on a leaf would stay on it for good.
+            for name in ("q", "k", "v"):
+                tensor = call.tensors.get(name)
+                if tensor is not None and tensor.requires_grad and tensor.grad_fn is not None:
+                    call.watched = name
+                    tensor.register_hook(functools.partial(_on_input_grad, call.index))
+                    break
 
     def _find(self, index):
         for call in reversed(self.calls):
@@ -274,25 +294,24 @@ class _Capture:
             raise FloatingPointError(f"harness.capture --nan-check: the gradient reaching {call.op} call {call.index} "
                                      f"(grad_out) holds NaN or Inf")
 
-    def input_grad(self, index, name):
+    def input_grad(self, index):
         with self.lock:
             call = self._find(index)
-            if call is not None and name not in call.input_grads:
-                call.input_grads.append(name)
+            if call is not None:
+                call.watched_grad = True
 
     # ---- the byte budget -----------------------------------------------------------------------
 
-    def _keep(self, call, tensors, extra=()):
-        added = sum(_tensor_bytes(t) for t in tensors.values()) + sum(_tensor_bytes(t) for t in extra)
+    def _keep(self, call, tensors, extra=None):
+        added = sum(_tensor_bytes(t) for t in tensors.values()) + (0 if extra is None else _tensor_bytes(extra))
         call.tensors.update(tensors)
+        if not call.kept_bytes:
+            self.holding.append(call)
         call.kept_bytes += added
         self.kept_bytes += added
         # The oldest calls go first; the newest is kept while it alone fits.
-        for older in list(self.calls):
-            if self.kept_bytes <= self.options.max_bytes:
-                break
-            if older.dropped is None and older.kept_bytes:
-                self._drop(older, f"over the byte budget of {self.options.max_bytes} bytes")
+        while self.kept_bytes > self.options.max_bytes and self.holding:
+            self._drop(self.holding.popleft(), f"over the byte budget of {self.options.max_bytes} bytes")
 
     def _drop(self, call, why):
         if call.dropped is None:
@@ -375,14 +394,14 @@ class _Capture:
                 return call, {"phase": "forward", "in_attention": True,
                               "detail": f"the exception left {call.op} call {call.index} itself (its forward)"}
         if where in ("backward", "script", "exit"):
-            expected = lambda call: [n for n in ("q", "k", "v") if call.info[n]["requires_grad"]]  # noqa: E731
             for call in reversed(with_tensors):
                 if call.grad_out_caught:
-                    missing = [name for name in expected(call) if name not in call.input_grads]
-                    inside = bool(missing)
-                    detail = (f"in the backward of {call.op} call {call.index}: its grad_out had arrived, the gradients of "
-                              f"{', '.join(missing)} had not" if inside else
-                              f"in the backward, after {call.op} call {call.index} had delivered every input gradient")
+                    inside = call.watched is None or not call.watched_grad
+                    detail = (f"in the backward of {call.op} call {call.index}: its grad_out had arrived, the gradient of "
+                              f"its input {call.watched} had not" if call.watched is not None and inside else
+                              f"in the backward of {call.op} call {call.index}: its grad_out had arrived (its inputs' "
+                              f"gradients are not watched: they are leaves)" if inside else
+                              f"in the backward, after {call.op} call {call.index} had delivered its input gradients")
                     return call, {"phase": "backward", "in_attention": inside, "detail": detail}
         if with_tensors:
             call = with_tensors[-1]
@@ -396,8 +415,8 @@ class _Capture:
         torch = self.torch
         from harness import mask_tables
 
-        q_len = call.info["q"]["shape"][-2]
-        kv_len = call.info["k"]["shape"][-2]
+        q_len = call.metas["q"][0][-2]
+        kv_len = call.metas["k"][0][-2]
         if call.op == "flex_attention":
             if call.mask is None:
                 return {}, {"type": "full"}
@@ -478,7 +497,7 @@ class _Capture:
             "version": capture_file.CAPTURE_VERSION,
             "exception": {"type": f"{type(error).__module__}.{type(error).__qualname__}".replace("builtins.", ""),
                           "message": str(error),
-                          "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))},
+                          "traceback": _full_traceback(error)},
             "failure": failure,
             "step_call": None if call is None else call.index,
             "rank": rank,
@@ -579,6 +598,26 @@ class _Capture:
                 self.torch.cuda.memory._record_memory_history(enabled=None)
             except Exception:  # noqa: BLE001
                 pass
+
+
+def _full_traceback(error):
+    """The traceback Python will print when the exception reaches the top: an exception caught where
+    it left a backward or an attention call only carries the frames below that point, so the frames
+    above it (the script's `loss.backward()` and its callers) come from the stack. The capture's own
+    frames are left out."""
+    own = os.path.abspath(__file__)
+    def shown(frame):  # not the capture's frames, nor runpy's (python -m harness.capture runs the script through it)
+        return os.path.abspath(frame.filename) != own and frame.filename != "<frozen runpy>"
+
+    below = [frame for frame in traceback.extract_tb(error.__traceback__) if shown(frame)]
+    above = [frame for frame in traceback.extract_stack()[:-1] if shown(frame)]
+    if error.__traceback__ is not None and error.__traceback__.tb_frame.f_code.co_filename == __file__:
+        frames = above + below          # caught by the capture: add the callers
+    else:
+        frames = below                  # caught at the top: the traceback is complete
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    lines += traceback.format_exception_only(type(error), error)
+    return "".join(lines)
 
 
 def _parameter_names(function):

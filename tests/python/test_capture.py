@@ -65,6 +65,7 @@ def sdpa_step(mask=None, fail=False, size=32, heads=2):
 # ---- end to end --------------------------------------------------------------------------------
 
 def test_planted_backward_oom_is_captured_triaged_and_replayed(harness_binary, tmp_path):
+    harness_binary = os.path.abspath(harness_binary)
     out = tmp_path / "captures"
     done = subprocess.run([sys.executable, "-m", "harness.capture", "--out", str(out), "--", str(EXAMPLE), "--small",
                            "--device", "cpu", "--steps", "3", "--plant-oom-at-step", "1"],
@@ -80,7 +81,7 @@ def test_planted_backward_oom_is_captured_triaged_and_replayed(harness_binary, t
     assert header["calls_observed"] == 4  # 2 layers x step 0 and step 1
     step = header["calls"][-1]
     assert step["op"] == "scaled_dot_product_attention" and step["grad_out_caught"]
-    assert step["q"]["shape"] == [1, 4, 128, 64] and step["k"]["shape"] == [1, 2, 384, 64]
+    assert step["q"]["shape"] == [1, 4, 512, 64] and step["k"]["shape"] == [1, 2, 1536, 64]
     assert meta["mask"]["type"] == "blockmask"
 
     db = tmp_path / "h.db"
@@ -90,11 +91,11 @@ def test_planted_backward_oom_is_captured_triaged_and_replayed(harness_binary, t
     assert triage.returncode == 0, triage.stderr
     answer = json.loads(triage.stdout)
     plan = answer["plan"]
-    assert plan["failure"]["kind"] == "out of memory in an attention backward"
-    assert plan["failure"]["requested_bytes"] == 4 * 128 * 384 * 4
-    # The mask_mod closure came back as the dflash mask: 8 draft blocks of 16 after a context of 256.
-    assert plan["step"]["mask"]["type"] == "dflash" and plan["step"]["mask"]["doc_lengths"] == [128, 128]
-    assert "dims.anchors=8" in plan["sets"] and "dims.context=256" in plan["sets"]
+    assert plan["failure"]["kind"] == "out of memory in an attention call"
+    assert plan["failure"]["requested_bytes"] == 4 * 512 * 1536 * 4
+    # The mask_mod closure came back as the dflash mask: 32 draft blocks of 16 after a context of 1024.
+    assert plan["step"]["mask"]["type"] == "dflash" and plan["step"]["mask"]["doc_lengths"] == [512, 512]
+    assert "dims.anchors=32" in plan["sets"] and "dims.context=1024" in plan["sets"]
     steps = {step["id"]: step for step in answer["steps"]}
     assert set(steps) == {"explain_oom", "explain_oom_solve", "bwd_fusion", "anchor_scaling", "replay_dense", "replay_fused"}
     for step in steps.values():
@@ -102,7 +103,12 @@ def test_planted_backward_oom_is_captured_triaged_and_replayed(harness_binary, t
     assert steps["bwd_fusion"]["verdict"] == "FUSED"
     assert steps["replay_dense"]["verdict"] == "MATCH" and steps["replay_fused"]["verdict"] == "MATCH"
     assert answer["facts"]["request_is"]["variant"] == "dense"
-    assert answer["facts"]["fix"] == "fused attention"
+    # The fix is claimed from the measurements: the fused replay's backward needs less than the
+    # request, and less than half the dense replay's.
+    facts = answer["facts"]
+    assert facts["replay_fused_bwd_peak_bytes"] < facts["requested_bytes"]
+    assert 2 * facts["replay_fused_bwd_peak_bytes"] < facts["replay_dense_bwd_peak_bytes"]
+    assert facts["fix"] == "fused attention"
     text = writeup.read_text()
     assert "The unfused attention backward materializes the Q×KV scores" in text
     assert "**Fix:** run this attention fused" in text
