@@ -45,6 +45,7 @@ _MEMORY_HISTORY_ENTRIES = 100_000
 
 _state = None            # the active _Capture, or None
 _state_lock = threading.Lock()
+_oom_observer_attached = False
 
 
 def _tensor_bytes(tensor):
@@ -143,6 +144,13 @@ def _on_grad_out(index, grad):
     state = _state
     if state is not None:
         state.grad_out(index, grad)
+
+
+def _on_out_of_memory(device, alloc, device_allocated, device_free):
+    # Attached once per process (the allocator has no detach): it hands the event to the active capture.
+    state = _state
+    if state is not None:
+        state._on_oom(device, alloc, device_allocated, device_free)
 
 
 def _on_input_grad(index, grad):
@@ -333,10 +341,13 @@ class _Capture:
             self.memory_history = self.options.memory_history
         except Exception as error:  # noqa: BLE001 - the history is evidence, never a reason to fail the job
             self.memory_history = f"unavailable: {error}"
-        try:
-            torch._C._cuda_attach_out_of_memory_observer(self._on_oom)
-        except Exception:  # noqa: BLE001
-            pass
+        global _oom_observer_attached
+        if not _oom_observer_attached:
+            try:
+                torch._C._cuda_attach_out_of_memory_observer(_on_out_of_memory)
+                _oom_observer_attached = True
+            except Exception:  # noqa: BLE001
+                pass
 
     def _on_oom(self, device, alloc, device_allocated, device_free):
         # Called by the caching allocator at the failing request, before the exception exists: the
