@@ -296,8 +296,8 @@ def test_harness_capture_env_with_the_pth_captures_torchrun_workers(tmp_path):
     out = tmp_path / "captures"
     env = python_env(HARNESS_CAPTURE=str(out))
     env.pop("PYTHONPATH")
-    done = subprocess.run([str(python), "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), "torchrun",
-                           "0"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    done = subprocess.run([str(python), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script), "torchrun", "0"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert done.returncode != 0
     files = captured(out)
     assert len(files) == 1 and os.path.basename(files[0]).startswith("capture-rank0-"), done.stderr
