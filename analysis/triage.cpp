@@ -113,6 +113,11 @@ CapturedStep step_from_file(const replay::CapsuleInfo& file, const json& meta, c
       } else {
         step.mask_note = "captured as block tables; none of the named kinds: " + join(why_not, "; ");
         refusals.push_back("a mask the kernels' named kinds do not describe");
+        // The experiments still run at the captured lengths, with their own mask.
+        const replay::FittedMask lengths = replay::lengths_only_mask("dflash", step.q_len, step.kv_len);
+        step.block_size = lengths.block_size;
+        step.anchors = lengths.anchors;
+        step.context = lengths.context;
       }
     } catch (const replay::CapsuleError& error) {
       step.mask_note = std::string("captured as block tables that cannot be read: ") + error.what();
@@ -311,12 +316,7 @@ TriagePlan plan_triage(const Failure& failure, const PlanOptions& options) {
   std::tie(plan.kind, plan.classification) = classify(failure);
   const std::vector<std::string> device = {"--device", options.device};
   const bool with_step = failure.step && failure.step->q_len > 0;
-  if (with_step) {
-    plan.sets = dims_sets(*failure.step);
-    if (!failure.step->mask.is_object())
-      plan.notes.push_back("the captured mask is none of the named kinds (" + failure.step->mask_note +
-                           "); the experiments run the dflash mask at the captured lengths");
-  }
+  if (with_step) plan.sets = dims_sets(*failure.step);
   const std::vector<std::string> captured_sets = plan.sets;
   plan.sets.insert(plan.sets.end(), options.sets.begin(), options.sets.end());
   // The captured dims (but those `skip_prefixes` names), then `extra`, then the user's own --set.
@@ -396,9 +396,15 @@ TriagePlan plan_triage(const Failure& failure, const PlanOptions& options) {
                            "for NaN/Inf (replay/README.md)");
       break;
     case FailureKind::unknown:
-      plan.notes.push_back("no shipped experiment tests this failure; the step is replayed on both paths all the same");
+      plan.notes.push_back("no shipped experiment tests this failure");
       break;
   }
+  const bool experiments_at_dims = std::any_of(plan.steps.begin(), plan.steps.end(), [](const TriageStep& step) {
+    return step.kind == "explain" || step.experiment == "bwd_fusion" || step.experiment == "anchor_scaling";
+  });
+  if (with_step && !failure.step->mask.is_object() && experiments_at_dims)
+    plan.notes.push_back("the captured mask is none of the named kinds, so the experiments run their own (dflash) "
+                         "mask at the captured lengths");
   if (with_step && failure.step->replayable) {
     for (const char* variant : {"dense", "fused"}) {
       std::vector<std::string> args = {"replay", "--import", fs::absolute(failure.source).string(), "--variant", variant};

@@ -303,3 +303,26 @@ def test_harness_capture_env_with_the_pth_captures_torchrun_workers(tmp_path):
     assert len(files) == 1 and os.path.basename(files[0]).startswith("capture-rank0-"), done.stderr
     header, _ = header_of(files[0])
     assert header["rank"] == {"rank": 0, "local_rank": 0, "world_size": 2}
+
+
+def test_a_mask_no_named_kind_describes_is_triaged_but_not_replayed(harness_binary, tmp_path):
+    harness_binary = os.path.abspath(harness_binary)
+    mask = torch.rand(64, 192, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[:, 0] = True
+    with pytest.raises(RuntimeError, match="DefaultCPUAllocator"):
+        with harness.capture(tmp_path) as session:
+            x = torch.randn(1, 4, 64, 64, requires_grad=True)
+            kv = torch.randn(1, 2, 192, 64, requires_grad=True)
+            F.scaled_dot_product_attention(x * 1.0, kv * 1.0, PlantedError.apply(kv * 1.0), attn_mask=mask,
+                                           enable_gqa=True).sum().backward()
+    plan = json.loads(subprocess.run([harness_binary, "triage", session.written[0], "--dry-run", "--json"],
+                                     capture_output=True, text=True, check=True, cwd=tmp_path).stdout)
+    assert plan["step"]["replayable"] is False and plan["step"]["mask"] is None
+    assert "none of the named kinds" in plan["step"]["mask_note"]
+    assert [step["id"] for step in plan["steps"]] == ["explain_oom", "explain_oom_solve", "bwd_fusion", "anchor_scaling"]
+    assert any("the captured step is not replayed" in note for note in plan["notes"])
+    replay = subprocess.run([harness_binary, "replay", "--import", session.written[0], "--device", "cpu", "--db",
+                             str(tmp_path / "h.db")], capture_output=True, text=True, cwd=tmp_path)
+    assert replay.returncode == 2
+    assert "the captured mask is none of the named kinds the kernels run" in replay.stderr
+    assert "full: query 0, key " in replay.stderr
