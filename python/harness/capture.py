@@ -702,8 +702,13 @@ def start(options=None):
         if _state is not None:
             return _state
         state = _Capture(options or Options())
-        state.install()
-        _state = state
+        _state = state  # before install: a CUDA already initialized starts its history there
+        try:
+            state.install()
+        except BaseException:
+            _state = None
+            state.uninstall()
+            raise
         return state
 
 

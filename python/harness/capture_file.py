@@ -101,10 +101,6 @@ def env_fingerprint(devices):
                              "total_memory_bytes": properties.total_memory})
             except Exception as error:  # noqa: BLE001
                 gpus.append({"index": index, "error": str(error)})
-        try:
-            fingerprint["driver"] = torch._C._cuda_getDriverVersion()
-        except Exception:  # noqa: BLE001
-            pass
     fingerprint["gpus"] = gpus
     return fingerprint
 
