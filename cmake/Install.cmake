@@ -29,6 +29,12 @@ if(TARGET harness_ops)
     install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/harness/ DESTINATION ${HARNESS_INSTALL_PYTHON_DIR} COMPONENT harness
             FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
   endif()
+  if(SKBUILD AND DEFINED SKBUILD_PLATLIB_DIR)
+    # One line in site-packages itself, run by the interpreter at start: with HARNESS_CAPTURE=DIR in
+    # a launcher's environment it starts harness.capture in every worker (python/README.md, Capture).
+    install(FILES ${PROJECT_SOURCE_DIR}/python/site/harness-capture.pth DESTINATION ${SKBUILD_PLATLIB_DIR}
+            COMPONENT harness)
+  endif()
 endif()
 
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT harness)

@@ -26,6 +26,8 @@ Action add_replay_command(CLI::App& app, GlobalOptions& options);
 Action add_slurm_command(CLI::App& app, GlobalOptions& options);
 Action add_db_command(CLI::App& app, GlobalOptions& options);
 Action add_bisect_command(CLI::App& app, GlobalOptions& options);
+//! `triage CAPTURE | --log FILE`: a failed job matched to the shipped hypotheses, run, written up.
+Action add_triage_command(CLI::App& app, GlobalOptions& options);
 Action add_envs_command(CLI::App& app, GlobalOptions& options);
 //! Hidden: `__trial` (one trial inside the child) and `__env` (fingerprint of a device, in a child).
 Action add_trial_command(CLI::App& app, GlobalOptions& options);

@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
   add(add_explain_command);
   add(add_replay_command);
   add(add_bisect_command);
+  add(add_triage_command);
   add(add_envs_command);
   add(add_trial_command);
   add(add_env_child_command);

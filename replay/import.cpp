@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,7 @@
 
 #include "core/json_input.h"
 #include "replay/capsule.h"
+#include "replay/mask_fit.h"
 
 namespace harness::replay {
 namespace {
@@ -261,6 +263,70 @@ at::Tensor imported_tensor(const at::Tensor& tensor, const std::string& key, con
   }
 }
 
+
+//! A step file's meta may carry what the capture saw and the kernels cannot run: a scale other than
+//! 1/sqrt(head_dim), a score_mod, dropout, a mask no table describes. Each is refused by name.
+void check_captured_call(const nlohmann::json& meta, int64_t head_dim, const std::string& where) {
+  std::vector<std::string> problems;
+  if (meta.contains("scale") && !meta["scale"].is_null()) {
+    if (!meta["scale"].is_number()) {
+      problems.push_back("meta.scale must be a number");
+    } else {
+      const double scale = meta["scale"].get<double>(), standard = 1.0 / std::sqrt(static_cast<double>(head_dim));
+      if (std::abs(scale - standard) > 1e-6 * standard)
+        problems.push_back("the call used scale " + std::to_string(scale) + "; a replay runs the default 1/sqrt(" +
+                           std::to_string(head_dim) + ") = " + std::to_string(standard));
+    }
+  }
+  if (meta.contains("score_mod") && !meta["score_mod"].is_null())
+    problems.push_back("the call had a score_mod (" + meta["score_mod"].dump() + "), which the kernels do not run");
+  if (meta.value("dropout_p", 0.0) > 0.0)
+    problems.push_back("the call used dropout_p " + std::to_string(meta.value("dropout_p", 0.0)) + "; a replay has none");
+  if (meta.contains("mask") && meta["mask"].is_object() && meta["mask"].value("type", "") == "unsupported")
+    problems.push_back("the mask was not captured: " + meta["mask"].value("why", "no reason given"));
+  if (!problems.empty()) {
+    std::string message = where + ": the captured call cannot be replayed on the harness kernels:";
+    for (const auto& problem : problems) message += "\n  " + problem;
+    throw CapsuleError(message);
+  }
+}
+
+//! A mask captured as tables (meta.mask.type "blockmask", python/README.md "Mask tables"): matched to
+//! a named kind (replay/mask_fit.h), whose description, dims and anchors/documents then stand in the
+//! meta and the tensors as if the step had been saved with that mask. The tables' entries are used.
+void fit_captured_mask(std::map<std::string, at::Tensor>& tensors, nlohmann::json& meta, std::set<std::string>& used,
+                       int64_t q_len, int64_t kv_len, const std::string& where) {
+  std::vector<std::pair<std::string, RawTable>> raw;
+  for (const char* name : kMaskTableNames) {
+    const auto found = tensors.find(name);
+    if (found == tensors.end()) continue;
+    used.insert(name);
+    const at::Tensor table = found->second.contiguous();
+    raw.emplace_back(name, RawTable{dtype_name(table.scalar_type()), table.sizes().vec(),
+                                    std::string(static_cast<const char*>(table.data_ptr()), table.nbytes())});
+  }
+  const MaskTables tables = mask_tables_from_raw(raw, q_len, kv_len, meta["mask"].value("block_size", nlohmann::json(128)), where);
+  std::vector<std::string> why_not;
+  const std::optional<FittedMask> fitted = fit_named_mask(tables, why_not);
+  if (!fitted) {
+    std::string message = where + ": the captured mask is none of the named kinds the kernels run "
+                          "(dflash, causal, full), so the step cannot be replayed on them yet:";
+    for (const auto& reason : why_not) message += "\n  " + reason;
+    throw CapsuleError(message);
+  }
+  meta["captured_mask"] = meta["mask"];
+  meta["mask"] = fitted->mask;
+  nlohmann::json& dims = meta["dims"];
+  if (!dims.is_object()) dims = nlohmann::json::object();
+  dims["block_size"] = fitted->block_size;
+  dims["anchors"] = fitted->anchors;
+  dims["context"] = fitted->context;
+  if (!fitted->anchor_positions.empty()) {
+    tensors["anchors"] = at::tensor(fitted->anchor_positions, at::kLong);
+    tensors["doc_id"] = at::tensor(fitted->doc_id, at::kInt);
+  }
+}
+
 }  // namespace
 
 ImportedStep import_step_file(const std::string& step_path, const std::string& dir) {
@@ -314,15 +380,26 @@ ImportedStep import_step_file(const std::string& step_path, const std::string& d
   }
   if (!imported.meta.is_object()) throw CapsuleError(where + ": 'meta' is not a JSON object");
   const nlohmann::json& meta = imported.meta;
+  std::set<std::string> used = {"meta"};
 
   // Layers: "q" alone, or "q.0" ... "q.N-1".
   const bool indexed = !tensors.count("q");
   int64_t layers = indexed ? 0 : 1;
   while (indexed && tensors.count(layer_tensor_name("q", layers))) ++layers;
   if (layers == 0) throw CapsuleError(where + ": no tensor 'q' (one layer) or 'q.0' (layers q.0, q.1, ...)");
+  // A step captured before the backward reached it has no grad_out: one is drawn (seeded), as a
+  // trial draws its inputs, so that the step still runs forward and backward.
+  if (meta.value("grad_out", "") == "drawn") {
+    at::Generator generator = at::detail::createCPUGenerator(/*seed_in=*/0);
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      const std::string q_key = file_key("q", layer, indexed), key = file_key("grad_out", layer, indexed);
+      if (!tensors.count(key) && tensors.count(q_key))
+        tensors[key] = at::randn(tensors[q_key].sizes(), generator, at::TensorOptions().dtype(at::kFloat))
+                           .to(tensors[q_key].scalar_type());
+    }
+  }
 
   std::vector<std::string> problems;
-  std::set<std::string> used = {"meta"};
   std::map<std::string, std::vector<at::Tensor>> per_layer;
   for (const std::string name : {"q", "k", "v", "grad_out"}) {
     for (int64_t layer = 0; layer < layers; ++layer) {
@@ -350,6 +427,9 @@ ImportedStep import_step_file(const std::string& step_path, const std::string& d
   const std::string dtype = dtype_name(q0.scalar_type());
   if (dtype != "bf16" && dtype != "fp16" && dtype != "fp32")
     throw CapsuleError(where + ": q is " + dtype + "; a step is bf16, fp16 or fp32");
+  check_captured_call(meta, q0.size(3), where);
+  if (meta.contains("mask") && meta["mask"].is_object() && meta["mask"].value("type", "") == "blockmask")
+    fit_captured_mask(tensors, imported.meta, used, q0.size(2), k0.size(2), where);
 
   const nlohmann::json dims = meta.value("dims", nlohmann::json::object());
   const int64_t q_len = q0.size(2), kv_len = k0.size(2);
@@ -451,7 +531,8 @@ ImportedStep import_step_file(const std::string& step_path, const std::string& d
   for (const auto& [key, tensor] : tensors)
     if (!used.count(key))
       throw CapsuleError(where + ": unknown entry '" + key +
-                         "' (known: q, k, v, grad_out, anchors, doc_id, out, dq, dk, dv, each also as NAME.LAYER, and meta)");
+                         "' (known: q, k, v, grad_out, anchors, doc_id, out, dq, dk, dv, each also as NAME.LAYER, the "
+                         "mask tables mask.kv_num_blocks ... mask.partial_bits with meta.mask.type blockmask, and meta)");
 
   const nlohmann::json header = {{"role", "step"},
                                  {"source", "import"},

@@ -100,6 +100,16 @@ expected = torch.softmax(scores.masked_fill(~mask.dense(mask.q_len, mask.kv_len)
 assert torch.allclose(harness.attention(q, k, v, mask), expected, atol=1e-5)
 print("trained", len(losses), "steps; the op matches the dense reference")
 PY
+log "HARNESS_CAPTURE through the installed harness-capture.pth: a failing script leaves its capture file"
+rm -rf "$elsewhere/captures"
+if HARNESS_CAPTURE="$elsewhere/captures" "$venv/bin/python" -c '
+import torch, torch.nn.functional as F
+x = torch.randn(1, 2, 16, 8)
+F.scaled_dot_product_attention(x, x, x)
+raise RuntimeError("planted after the attention call")' 2>/dev/null; then
+  echo "the planted failure did not fail" >&2; exit 1
+fi
+ls "$elsewhere"/captures/capture-pid*.safetensors
 log "pip install -e $root (the same build-pip/ folder: only what changed rebuilds)"
 "$venv/bin/pip" uninstall -q -y harness
 start=$(date +%s)

@@ -5,6 +5,7 @@
     out = harness.attention(q, k, v, mask)          # instead of flex_attention(q, k, v, block_mask=...)
     harness.runs("harness.db")                      # pandas DataFrames: runs, trials, metrics
     harness.run("bwd_fusion", device="cpu")         # the CLI in a child process, its --json as a dict
+    with harness.capture("captures"): train()       # a failing attention step written for `harness triage`
 
 Names are loaded on first use, so `import harness` (and the `harness` console script) import
 neither torch nor pandas until something needs them.
@@ -30,6 +31,7 @@ _EXPORTS = {
     "report": "harness.protocol",
     "Skip": "harness.protocol",
     "save_step": "harness.steps",
+    "capture": "harness.capture",
     "run": "harness.cli",
     "HarnessError": "harness.cli",
 }
@@ -41,7 +43,9 @@ def __getattr__(name):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'harness' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = importlib.import_module(module)
+    if module != f"harness.{name}":  # harness.capture is the module itself (callable: harness.capture(DIR))
+        value = getattr(value, name)
     globals()[name] = value
     return value
 
