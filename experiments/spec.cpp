@@ -9,6 +9,7 @@
 #include "core/json_input.h"
 #include "experiments/kinds/python_kind_info.h"
 #include "experiments/kinds/registry.h"
+#include "experiments/models.h"
 #include "experiments/sweep.h"
 #include "kernels/cuda/attention_config.h"
 
@@ -110,7 +111,7 @@ const Schema& schema() {
         {"warmup", v()},
         {"timeout_s", v()},
         {"seed", v()},
-        {"check", object_node({{"enabled", v()}, {"factor", v()}, {"atol", v()}, {"rtol", v()}})},
+        {"check", object_node({{"enabled", v()}, {"factor", v()}, {"mean_factor", v()}, {"atol", v()}, {"rtol", v()}})},
         {"verdict", container_node(SchemaNode::Kind::array, clause)},
         {"params", any},
         {"sweep", container_node(SchemaNode::Kind::map, container_node(SchemaNode::Kind::array, v()))},
@@ -120,6 +121,7 @@ const Schema& schema() {
     Schema schema;
     schema.profile = object_node(fields);
     fields.emplace_back("profile", v());
+    fields.emplace_back("model", v());
     fields.emplace_back("profiles", container_node(SchemaNode::Kind::map, schema.profile));
     schema.root = object_node(std::move(fields));
     return schema;
@@ -130,7 +132,7 @@ const Schema& schema() {
 // ------------------------------------------------------------------------------------------------
 // Known values.
 
-const std::vector<std::string> kFaults = {"segfault", "abort", "throw", "hang", "oom", "nan"};
+const std::vector<std::string> kFaults = {"segfault", "abort", "throw", "hang", "oom", "nan", "wrong_dq", "wrong_dk_block"};
 const std::vector<std::string> kScalingModels = {"q_kv", "q_plus_kv", "layers_q_kv", "layers_q_plus_kv"};
 const std::vector<std::string> kDtypes = {"bf16", "fp16", "fp32"};
 const std::vector<int64_t> kHeadDims = {64, 128};
@@ -653,6 +655,7 @@ void check_verdict(const OrderedJson& doc, Checker& c, Spec& spec, bool variants
                 describe(*verdict));
     return;
   }
+  const size_t issues_before = c.count();
   std::vector<std::string> variant_names;
   for (const Variant& v : spec.variants) variant_names.push_back(v.name);
   ConditionVocabulary vocabulary = vocabulary_for(spec.kind, spec.scaling);
@@ -694,7 +697,7 @@ void check_verdict(const OrderedJson& doc, Checker& c, Spec& spec, bool variants
             if (measured_metric && !contains(spec.measure, metric)) {
               c.issue(child(p, "if"), "reads " + variant + "." + metric + " but \"measure\" does not list " + metric,
                       {"measure"});
-            } else if ((metric == "match" || metric.ends_with("max_abs_err")) && !spec.check) {
+            } else if ((metric == "match" || metric.ends_with("_err")) && !spec.check) {
               c.issue(child(p, "if"), "reads " + variant + "." + metric + " but check.enabled is false",
                       {"check.enabled"});
             }
@@ -711,6 +714,10 @@ void check_verdict(const OrderedJson& doc, Checker& c, Spec& spec, bool variants
   if (!verdict->back().is_object() || !verdict->back().contains("else")) {
     c.issue("verdict", "the rule has no final {\"else\": ...} clause, so some outcomes would have no verdict");
   }
+  // A failed correctness check must not fall through to a hypothesis verdict (experiments/verdict.h).
+  if (spec.check && c.count() == issues_before)
+    for (const auto& [index, problem] : failed_check_problems(spec.verdict))
+      c.issue("verdict." + std::to_string(index), problem);
 }
 
 //! Profiles: an object of objects whose fields the schema knows. `skip` is the applied profile,
@@ -835,10 +842,23 @@ Spec validate_point(const OrderedJson& doc, const std::string& source, std::vect
   if (const OrderedJson* check = attention ? c.object(doc, "", "check", false) : nullptr) {
     spec.check = c.boolean(*check, "check", "enabled").value_or(true);
     spec.tolerance.factor = c.number(*check, "check", "factor", 0.0, false, "a positive number").value_or(2.0);
-    spec.tolerance.atol = c.number(*check, "check", "atol", 0.0, true, "a non-negative number").value_or(1e-5);
+    spec.tolerance.mean_factor =
+        c.number(*check, "check", "mean_factor", 0.0, false, "a positive number").value_or(spec.tolerance.mean_factor);
+    spec.tolerance.atol = c.number(*check, "check", "atol", 0.0, true, "a non-negative number").value_or(0.0);
     spec.tolerance.rtol = c.number(*check, "check", "rtol", 0.0, true, "a non-negative number");
   }
   check_verdict(doc, c, spec, variants_ok);
+  if (const auto model = c.string(doc, "", "model", false)) {
+    if (!find_model(*model)) {
+      c.issue("model", "unknown model \"" + *model + "\"; known models: " + known_model_names() +
+                           " (harness list --models)");
+    } else if (!attention) {
+      c.issue("model", "a model sets dims (heads, kv_heads, head_dim), which only attention specs have; this spec's kind is " +
+                           spec.kind);
+    } else {
+      spec.model = find_model(*model)->name;
+    }
+  }
   if (const OrderedJson* profile = c.member(doc, "", "profile", false)) {
     if (profile->is_string()) {
       spec.profile = profile->get<std::string>();
@@ -863,7 +883,7 @@ Spec validate_point(const OrderedJson& doc, const std::string& source, std::vect
 std::string sweep_path_problem(const std::string& path) {
   static const std::vector<std::string> fixed = {"name",    "hypothesis", "kind",    "profile", "profiles", "variants",
                                                  "variant_order", "measure", "verdict", "sweep",   "sweep_order",
-                                                 "scaling"};
+                                                 "scaling", "model"};
   const SchemaNode* node = schema().root.get();
   std::string walked;
   size_t start = 0;
@@ -1231,6 +1251,53 @@ bool has_profile(const nlohmann::json& raw, const std::string& profile) {
          (*profiles)[profile].is_object();
 }
 
+namespace {
+
+const std::vector<std::string> kModelDims = {"dims.heads", "dims.kv_heads", "dims.head_dim", "dims.v_head_dim"};
+
+bool is_model_dim(const std::string& path) { return contains(kModelDims, path); }
+
+// The model (--model, --set model=NAME, or the spec's "model") written into dims: heads, kv_heads,
+// head_dim, and v_head_dim where it differs from head_dim. An unknown name is left for validation
+// to report with the known ones.
+void apply_model(OrderedJson& resolved, const LoadOptions& options, const std::string& source,
+                 std::vector<SpecIssue>& issues, std::vector<Origin>& origins) {
+  std::string origin = source;
+  if (!options.model.empty()) {
+    resolved["model"] = options.model;
+    origin = source + " (--model " + options.model + ")";
+  }
+  for (const std::string& argument : options.overrides) {
+    if (argument.rfind("model=", 0) != 0) continue;
+    resolved["model"] = argument.substr(6);
+    origin = source + " (--set " + argument + ")";
+  }
+  const auto field = resolved.find("model");
+  if (field == resolved.end()) return;
+  if (!field->is_string()) {
+    issues.push_back({origin, "model", "expected the name of a model (a string), got " + describe(*field)});
+    resolved.erase("model");
+    return;
+  }
+  const auto model = find_model(field->get<std::string>());
+  if (!model) return;
+  resolved["model"] = model->name;
+  if (!resolved.contains("dims") || !resolved["dims"].is_object()) resolved["dims"] = OrderedJson::object();
+  OrderedJson& dims = resolved["dims"];
+  dims["heads"] = model->heads;
+  dims["kv_heads"] = model->kv_heads;
+  dims["head_dim"] = model->head_dim;
+  if (model->v_head_dim != model->head_dim) {
+    dims["v_head_dim"] = model->v_head_dim;
+  } else {
+    dims.erase("v_head_dim");
+  }
+  origins.push_back({"model", origin});
+  for (const std::string& path : kModelDims) origins.push_back({path, origin + " (model " + model->name + ")"});
+}
+
+}  // namespace
+
 Spec load_spec_text(const std::string& text, const std::string& source, const LoadOptions& options) {
   OrderedJson raw;
   try {
@@ -1281,7 +1348,9 @@ Spec load_spec_text(const std::string& text, const std::string& source, const Lo
     }
   }
   issues = std::move(profile_checker.issues());
+  apply_model(resolved, options, source, issues, origins);
   for (const std::string& argument : options.overrides) {
+    if (argument.rfind("model=", 0) == 0) continue;  // applied by apply_model
     // `--set dims.anchors=[128,256]` sweeps the field; `--set dims.anchors=256` pins a swept one.
     const auto equals = argument.find('=');
     const std::string path = equals == std::string::npos ? "" : argument.substr(0, equals);
@@ -1301,6 +1370,8 @@ Spec load_spec_text(const std::string& text, const std::string& source, const Lo
       }
     }
     apply_override(resolved, argument, source, issues, origins);
+    // A shape set by hand after the model's is no longer the model's.
+    if (resolved.contains("model") && is_model_dim(path)) resolved.erase("model");
     if (!path.empty() && resolved.contains("sweep") && resolved["sweep"].is_object() && resolved["sweep"].contains(path)) {
       resolved["sweep"].erase(path);
       resolved.erase("sweep_order");

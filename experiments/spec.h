@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "experiments/tolerance.h"
 #include "kernels/mask_desc.h"
 
 namespace harness::spec {
@@ -71,16 +72,6 @@ struct VerdictClause {
   std::string then;
 };
 
-//! Tolerance for outputs and gradients, errors measured against an fp32 reference (docs/STYLE.md). A
-//! tensor matches when either bound holds (experiments/tolerance.h):
-//!   dense: max|variant - ref| <= factor * max|dense in low precision - ref| + atol, or
-//!   dtype: |variant - ref| <= atol + rtol * |ref| elementwise, rtol from the dtype as
-//!          torch.testing.assert_close has it (what the dtype itself cannot resolve).
-struct Tolerance {
-  double factor = 2.0;
-  double atol = 1e-5;
-  std::optional<double> rtol;  //!< check.rtol; default: the dtype's (bf16 1.6e-2, fp16 1e-3, fp32 1.3e-6)
-};
 
 //! One swept field: its JSON path and the values it takes, in the order written.
 struct SweepAxis {
@@ -119,6 +110,7 @@ struct Spec {
   nlohmann::json params = nlohmann::json::object();  //!< the kind's own section (checked by the kind)
   std::vector<SweepAxis> sweep;     //!< empty: one point
   std::optional<Scaling> scaling;   //!< only with a sweep
+  std::string model;                //!< the model whose shape dims took (experiments/models.h), "" for none
   std::string profile;              //!< applied profile, "" for none
   std::string source;               //!< file it came from
   nlohmann::json resolved;          //!< the JSON after profile and overrides (stored in the db)
@@ -127,7 +119,8 @@ struct Spec {
 //! Options of loading a spec.
 struct LoadOptions {
   std::string profile;                  //!< profile to apply ("" for none)
-  std::vector<std::string> overrides;   //!< "--set" arguments, "path=value"
+  std::string model;                    //!< --model: a model's attention shape into dims (after the profile)
+  std::vector<std::string> overrides;   //!< "--set" arguments, "path=value" (after the model)
   bool allow_faults = false;            //!< accept variants' "fault" (tests only)
 };
 

@@ -1,44 +1,65 @@
 #include "experiments/tolerance.h"
 
 #include <cmath>
+#include <cstdio>
 
 namespace harness::spec {
 
-double dtype_rtol(const std::string& dtype) {
-  // torch.testing._comparison's default_tolerances: bfloat16 1.6e-2, float16 1e-3, float32 1.3e-6.
-  if (dtype == "bf16") return 1.6e-2;
-  if (dtype == "fp16") return 1e-3;
-  return 1.3e-6;
-}
-
-double check_rtol(const Tolerance& tolerance, const std::string& dtype) {
-  return tolerance.rtol.value_or(dtype_rtol(dtype));
-}
-
-TensorJudgement judge_tensor(const TensorErrors& errors, const Tolerance& tolerance, const std::string& dtype) {
+TensorJudgement judge_tensor(const TensorErrors& errors, const Tolerance& tolerance) {
   TensorJudgement judgement;
-  judgement.rtol = check_rtol(tolerance, dtype);
-  judgement.dense_bound = tolerance.factor * errors.dense_err + tolerance.atol;
-  if (std::isfinite(errors.err) && errors.err <= judgement.dense_bound) {
-    judgement.match = true;
-    judgement.decided_by = "dense";
-  } else if (std::isfinite(errors.err) && std::isfinite(errors.worst_excess) && errors.worst_excess <= tolerance.atol) {
-    judgement.match = true;
-    judgement.decided_by = "dtype";
-  } else {
+  judgement.atol = 2.0 * errors.noise + tolerance.atol;
+  judgement.bound = tolerance.factor * errors.lowp_err + judgement.atol;
+  judgement.mean_bound = tolerance.mean_factor * errors.lowp_mean_err + judgement.atol;
+  if (!errors.finite || !std::isfinite(errors.err) || !std::isfinite(errors.mean_err)) {
+    judgement.failed = "nonfinite";
     judgement.decided_by = "none";
+    return judgement;
   }
+  const bool max_ok = errors.err <= judgement.bound;
+  const bool mean_ok = errors.mean_err <= judgement.mean_bound;
+  if (max_ok && mean_ok) {
+    judgement.match = true;
+    judgement.decided_by = "rule";
+    return judgement;
+  }
+  if (tolerance.rtol && std::isfinite(errors.worst_excess) && errors.worst_excess <= judgement.atol) {
+    judgement.match = true;
+    judgement.decided_by = "rtol";
+    return judgement;
+  }
+  judgement.failed = !max_ok && !mean_ok ? "max and mean" : !max_ok ? "max" : "mean";
+  judgement.decided_by = "none";
   return judgement;
 }
 
-nlohmann::json TensorJudgement::to_json(const TensorErrors& errors) const {
-  return {{"match", match},
-          {"decided_by", decided_by},
-          {"max_abs_err", errors.err},
-          {"dense_lowp_err", errors.dense_err},
-          {"dense_bound", dense_bound},
-          {"rtol", rtol},
-          {"worst_excess_over_rtol", errors.worst_excess}};
+nlohmann::json TensorJudgement::to_json(const std::string& tensor, const TensorErrors& errors) const {
+  nlohmann::json json = {{"match", match},
+                         {"failed", failed},
+                         {"decided_by", decided_by},
+                         {"max_abs_err", errors.err},
+                         {"lowp_err", errors.lowp_err},
+                         {"bound", bound},
+                         {"mean_abs_err", errors.mean_err},
+                         {"lowp_mean_err", errors.lowp_mean_err},
+                         {"mean_bound", mean_bound},
+                         {"noise", errors.noise},
+                         {"atol", atol},
+                         {"finite", errors.finite},
+                         {"summary", describe(tensor, errors)}};
+  if (decided_by == "rtol") json["worst_excess_over_rtol"] = errors.worst_excess;
+  return json;
+}
+
+std::string TensorJudgement::describe(const std::string& tensor, const TensorErrors& errors) const {
+  if (failed == "nonfinite") return tensor + " has NaN/Inf";
+  const bool max_ok = errors.err <= bound;
+  const bool mean_ok = errors.mean_err <= mean_bound;
+  char line[160];
+  std::snprintf(line, sizeof line, " max %.3g %s %.3g, mean %.3g %s %.3g", errors.err, max_ok ? "<=" : ">", bound,
+                errors.mean_err, mean_ok ? "<=" : ">", mean_bound);
+  std::string text = tensor + line;
+  if (decided_by == "rtol") text += " (admitted by check.rtol)";
+  return text;
 }
 
 }  // namespace harness::spec

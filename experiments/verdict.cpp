@@ -4,12 +4,15 @@
 // Grammar (no parentheses; && binds tighter than ||):
 //   condition  := conjunction ("||" conjunction)*
 //   conjunction:= comparison ("&&" comparison)*
-//   comparison := variant "." metric [op operand]      op: < <= > >= == !=
-// A bare `variant.metric` means `!= 0`; `variant.status` is compared (== or !=) with a word.
+//   comparison := ["!"] variant "." metric | variant "." metric op operand     op: < <= > >= == !=
+// A bare `variant.metric` means `!= 0` and `!variant.metric` means `== 0`; `variant.status` is
+// compared (== or !=) with a word.
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <charconv>
+#include <cstdint>
 #include <cmath>
 #include <stdexcept>
 #include <string_view>
@@ -140,6 +143,9 @@ std::optional<Comparison> parse_comparison(std::string_view text, std::vector<st
   Comparison comparison;
   comparison.text = std::string(text);
   const std::string quoted = "\"" + comparison.text + "\"";
+  // "!variant.metric": the bare read negated (== 0).
+  const bool negated = !text.empty() && text.front() == '!' && text.substr(0, 2) != "!=";
+  if (negated) text = trim(text.substr(1));
   static constexpr std::array<std::string_view, 6> kOperators = {"<=", ">=", "==", "!=", "<", ">"};
   size_t op_at = std::string_view::npos;
   std::string_view op;
@@ -179,6 +185,11 @@ std::optional<Comparison> parse_comparison(std::string_view text, std::vector<st
     }
   }
   const std::string_view operand = op.empty() ? std::string_view() : trim(text.substr(op_at + op.size()));
+  if (negated && (!op.empty() || word_metric)) {
+    problems.push_back("in " + quoted + ": \"!\" negates a bare numeric read (\"!" + comparison.variant + "." +
+                       comparison.metric + "\" means == 0); it does not go with an operator or a word");
+    return std::nullopt;
+  }
   if (word_metric) {
     if (vocabulary && !vocabulary->words.count(comparison.metric)) {
       problems.push_back("in " + quoted + ": " + comparison.metric +
@@ -203,7 +214,7 @@ std::optional<Comparison> parse_comparison(std::string_view text, std::vector<st
     return comparison;
   }
   if (op.empty()) {
-    comparison.op = "!=";
+    comparison.op = negated ? "==" : "!=";
     comparison.threshold = 0.0;
     return comparison;
   }
@@ -346,13 +357,6 @@ std::optional<double> parse_quantity(const std::string& text) {
   return quantity->value;
 }
 
-const std::vector<std::string>& verdict_metrics() {
-  static const std::vector<std::string> metrics = {
-      "fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms",         "bwd_ms",      "match", "out_max_abs_err",
-      "dq_max_abs_err", "dk_max_abs_err", "dv_max_abs_err", "max_abs_err", "status"};
-  return metrics;
-}
-
 ConditionVocabulary default_vocabulary() { return vocabulary_for("attention_step", std::nullopt); }
 
 ConditionVocabulary vocabulary_for(const std::string& kind, const std::optional<Scaling>& scaling) {
@@ -404,7 +408,170 @@ std::vector<std::pair<std::string, std::string>> verdict_condition_reads(const s
   return reads;
 }
 
+namespace {
+
+// The atoms of the rule's conditions for the failed-check analysis: a variant's `match` as a
+// boolean variable, `status` comparisons of such a variant, and every other comparison as a
+// free atom (its truth unconstrained, so the analysis may see paths the metrics exclude: it errs
+// towards asking for an explicit clause, never towards letting a failed check through).
+struct CheckAtoms {
+  std::vector<std::string> match_variants;  // variables 0..M-1
+  std::vector<std::string> free_texts;      // variables M..M+F-1
+  std::vector<std::string> status_texts;    // status comparisons, with their variant
+  std::vector<std::string> status_variants;
+  std::vector<Comparison> status_comparisons;
+};
+
+size_t index_of(std::vector<std::string>& list, const std::string& item) {
+  const auto found = std::find(list.begin(), list.end(), item);
+  if (found != list.end()) return static_cast<size_t>(found - list.begin());
+  list.push_back(item);
+  return list.size() - 1;
+}
+
+std::string atom_key(const Comparison& c) {
+  return c.variant + "." + c.metric + " " + c.op + " " + (c.word.empty() ? std::to_string(c.threshold) : c.word);
+}
+
+}  // namespace
+
+std::vector<std::pair<size_t, std::string>> failed_check_problems(const std::vector<VerdictClause>& clauses) {
+  std::vector<Condition> conditions;
+  for (const VerdictClause& clause : clauses) {
+    if (clause.condition.empty()) {
+      conditions.emplace_back();
+      continue;
+    }
+    conditions.push_back(parse_condition(clause.condition, nullptr));
+    if (!conditions.back().problems.empty()) return {};  // reported by the syntax check
+  }
+  CheckAtoms atoms;
+  for (const Condition& condition : conditions)
+    for (const auto& conjunction : condition.alternatives)
+      for (const Comparison& c : conjunction)
+        if (c.metric == "match") index_of(atoms.match_variants, c.variant);
+  if (atoms.match_variants.empty()) return {};
+  for (const Condition& condition : conditions)
+    for (const auto& conjunction : condition.alternatives)
+      for (const Comparison& c : conjunction) {
+        if (c.metric == "match") continue;
+        const bool status_of_checked = c.metric == "status" && std::find(atoms.match_variants.begin(), atoms.match_variants.end(),
+                                                                         c.variant) != atoms.match_variants.end();
+        if (status_of_checked) {
+          const std::string key = atom_key(c);
+          if (std::find(atoms.status_texts.begin(), atoms.status_texts.end(), key) == atoms.status_texts.end()) {
+            atoms.status_texts.push_back(key);
+            atoms.status_variants.push_back(c.variant);
+            atoms.status_comparisons.push_back(c);
+          }
+        } else {
+          index_of(atoms.free_texts, atom_key(c));
+        }
+      }
+  const size_t match_count = atoms.match_variants.size();
+  const size_t status_count = atoms.status_texts.size();
+  const size_t variables = match_count + status_count + atoms.free_texts.size();
+  // 2^16 assignments at most; beyond that the rule is too large to analyse here.
+  if (variables > 16) return {};
+  // Per clause: whether it fires with every recorded check passed, and which variants' failed
+  // checks it also fires with.
+  std::vector<bool> reached_passing(clauses.size(), false);
+  std::vector<std::vector<bool>> reached_failing(clauses.size(), std::vector<bool>(match_count, false));
+  for (uint32_t assignment = 0; assignment < (1u << variables); ++assignment) {
+    const auto bit = [&](size_t variable) { return (assignment >> variable) & 1u; };
+    // Match values are recorded only for variants whose trial was ok.
+    std::vector<bool> ok(match_count, true);
+    for (size_t s = 0; s < status_count; ++s) {
+      const Comparison& c = atoms.status_comparisons[s];
+      const bool truth_if_ok = (c.word == "ok") == (c.op == "==");
+      if (static_cast<bool>(bit(match_count + s)) != truth_if_ok)
+        ok[index_of(atoms.match_variants, c.variant)] = false;
+    }
+    const auto holds = [&](const Comparison& c) -> bool {
+      if (c.metric == "match") {
+        const size_t m = index_of(atoms.match_variants, c.variant);
+        return compare(bit(m) ? 1.0 : 0.0, c.op, c.threshold);
+      }
+      const std::string key = atom_key(c);
+      const auto status = std::find(atoms.status_texts.begin(), atoms.status_texts.end(), key);
+      if (status != atoms.status_texts.end())
+        return bit(match_count + static_cast<size_t>(status - atoms.status_texts.begin()));
+      return bit(match_count + status_count + index_of(atoms.free_texts, key));
+    };
+    for (size_t i = 0; i < clauses.size(); ++i) {
+      bool fires = conditions[i].alternatives.empty();  // the else
+      for (const auto& conjunction : conditions[i].alternatives) {
+        fires = std::all_of(conjunction.begin(), conjunction.end(), holds);
+        if (fires) break;
+      }
+      if (!fires) continue;
+      bool all_pass = true;
+      for (size_t m = 0; m < match_count; ++m) {
+        if (ok[m] && !bit(m)) {
+          reached_failing[i][m] = true;
+          all_pass = false;
+        }
+      }
+      if (all_pass) reached_passing[i] = true;
+      break;
+    }
+  }
+  // A clause that a passing step reaches claims something about the step; if a failed check
+  // reaches it too, the wrong result reads as that claim.
+  std::vector<std::pair<size_t, std::string>> problems;
+  std::vector<bool> named(match_count, false);
+  for (size_t i = 0; i < clauses.size(); ++i) {
+    if (!reached_passing[i]) continue;
+    for (size_t m = 0; m < match_count; ++m) {
+      if (!reached_failing[i][m] || named[m]) continue;
+      named[m] = true;  // the first such clause per variant: fixing it usually fixes the later ones
+      const std::string& variant = atoms.match_variants[m];
+      std::string upper = variant;
+      for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+      problems.emplace_back(
+          i, "\"" + clauses[i].then + "\" is reached both when the checks passed and when " + variant +
+                 "'s correctness check failed (" + variant + ".match == 0), so a wrong result would read as \"" +
+                 clauses[i].then + "\"; add a clause before it that catches the failed check, e.g. {\"if\": \"!" +
+                 variant + ".match\", \"then\": \"" + upper + "_BUT_WRONG\"}");
+    }
+  }
+  return problems;
+}
+
+std::optional<Verdict> failed_check_verdict(const Spec& spec, const std::map<std::string, VariantOutcome>& outcomes) {
+  if (!spec.check) return std::nullopt;
+  std::vector<std::string> read, read_match;
+  for (const VerdictClause& clause : spec.verdict) {
+    if (clause.condition.empty()) continue;
+    const Condition condition = parse_condition(clause.condition, nullptr);
+    for (const auto& conjunction : condition.alternatives)
+      for (const Comparison& c : conjunction) {
+        index_of(read, c.variant);
+        if (c.metric == "match") index_of(read_match, c.variant);
+      }
+  }
+  nlohmann::json failed = nlohmann::json::array();
+  for (const std::string& variant : read) {
+    if (std::find(read_match.begin(), read_match.end(), variant) != read_match.end()) continue;
+    const auto outcome = outcomes.find(variant);
+    if (outcome == outcomes.end()) continue;
+    const auto match = outcome->second.values.find("match");
+    if (match == outcome->second.values.end() || match->second != 0.0) continue;
+    failed.push_back({{"variant", variant}, {"check_failed", outcome->second.check_failed}});
+  }
+  if (failed.empty()) return std::nullopt;
+  std::string names;
+  for (const auto& entry : failed)
+    names += (names.empty() ? "" : "; ") + entry["variant"].get<std::string>() +
+             (entry["check_failed"].get<std::string>().empty() ? "" : ": " + entry["check_failed"].get<std::string>());
+  return Verdict{"INCONCLUSIVE",
+                 {{"reason", "the result of a variant the rule reads failed the correctness check (" + names +
+                                 "), and the rule does not read its match: no hypothesis verdict is drawn from a wrong result"},
+                  {"check_failed", failed}}};
+}
+
 Verdict evaluate_verdict(const Spec& spec, const std::map<std::string, VariantOutcome>& outcomes) {
+  if (auto guarded = failed_check_verdict(spec, outcomes)) return *guarded;
   nlohmann::json rejected = nlohmann::json::array();
   for (size_t index = 0; index < spec.verdict.size(); ++index) {
     const VerdictClause& clause = spec.verdict[index];

@@ -21,6 +21,7 @@ struct VariantOutcome {
   std::string error;
   std::map<std::string, double> values;  //!< metric name -> summary value (median over repeats)
   std::map<std::string, std::string> words;  //!< word-valued metrics, e.g. growth -> "q_kv"
+  std::string check_failed;  //!< with match 0: which tensors failed the correctness check, and how
 };
 
 //! The verdict with the evidence that produced it.
@@ -29,19 +30,30 @@ struct Verdict {
   nlohmann::json evidence;   //!< clause that fired, the values it read, or why none could be read
 };
 
-//! Evaluates the spec's rule. A clause that reads a variant whose trial is "unsupported" gives
-//! INVALID; one that reads a metric a failed trial did not produce gives INCONCLUSIVE; both
+//! Evaluates the spec's rule. A failed correctness check never turns into a hypothesis verdict:
+//! when a variant the rule reads has match 0 and the rule does not read that variant's match, the
+//! verdict is INCONCLUSIVE, naming the variant and the failing tensors (failed_check_verdict); a
+//! rule that reads match handles it itself (failed_check_problems makes sure at load time that it
+//! does). A clause that reads a variant whose trial is "unsupported" gives INVALID; one that reads a metric a failed trial did not produce gives INCONCLUSIVE; both
 //! name the variant and the reason in the evidence. Such a read counts only when the clause's
 //! outcome depends on it (false && unknown is false, true || unknown is true).
 Verdict evaluate_verdict(const Spec& spec, const std::map<std::string, VariantOutcome>& outcomes);
 
+//! The guard of evaluate_verdict on its own: INCONCLUSIVE when a variant the rule reads failed the
+//! correctness check and the rule does not read its match; nullopt otherwise.
+std::optional<Verdict> failed_check_verdict(const Spec& spec, const std::map<std::string, VariantOutcome>& outcomes);
+
+//! Clauses (index, problem) that a failed correctness check can reach although a step whose checks
+//! all passed reaches them too (so they claim a hypothesis): e.g. [{"if": "fused.bwd_peak_bytes < 5GiB && fused.match", "then":
+//! "FUSED"}, {"else": "DENSE"}] reads a wrong fused result as DENSE. Only rules that read some
+//! variant's `match` are analysed (the others are covered by evaluate_verdict's guard). Comparisons
+//! other than match and status are treated as independent, so a rule whose metrics exclude such a
+//! path still has to say so with a clause. The conditions must be free of syntax errors.
+std::vector<std::pair<size_t, std::string>> failed_check_problems(const std::vector<VerdictClause>& clauses);
+
 //! Parses the quantities of verdict rules: sizes and durations with units, exact case: "5GiB",
 //! "512MiB", "3e9", "2.5ms", "1s" (in bytes and ms). Size units are core/byte_size.h's.
 std::optional<double> parse_quantity(const std::string& text);
-
-//! The metrics a verdict condition of an attention_step spec may read ("status" is compared with
-//! a word such as ok).
-const std::vector<std::string>& verdict_metrics();
 
 //! What a verdict condition may read: numeric metrics, and metrics compared with words (status
 //! and, for scaling specs, growth).

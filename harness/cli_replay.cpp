@@ -330,6 +330,8 @@ int run_replay(const ReplayArgs& args, const GlobalOptions& options) {
   launch.artifact_dir = artifact_dir_for(options.db_path);
   launch.keep_capsules = true;  // the replay's outputs are what it is compared by
   launch.replay_capsule = source.capsule.path;
+  // An imported step's own outputs (those of the program that saved it) are judged too.
+  if (!source.trial && source.outputs) launch.judge_outputs = source.outputs->path;
   launch.timeout_s = spec.timeout_s;
   if (!options.json)
     std::cerr << fmt::format("run {}: replaying {} ({}) with variant {} on {}\n", run_id, source.label,
@@ -363,22 +365,26 @@ int run_replay(const ReplayArgs& args, const GlobalOptions& options) {
     verdict = replayed.status != "ok" ? "FAILED" : match == 1.0 ? "MATCH" : match == 0.0 ? "MISMATCH" : "RAN";
     reason = replayed.status != "ok" ? "status " + replayed.status
              : match < 0.0           ? "the step ran (no reference check)"
-                                     : fmt::format("against the fp32 dense reference: max abs err {:.3g}",
+                                     : fmt::format("against the float64 reference: max abs err {:.3g}",
                                                    metric_value(recorded.metrics, "max_abs_err", 0.0));
-    // Which bound decided each tensor (experiments/tolerance.h): "dq 2.04e-03 <= bf16 rtol (dtype)".
+    // Each tensor against its bounds (experiments/tolerance.h): "dq max 2.04e-03 <= 3.3e-03, mean ...".
     const auto tolerance = replayed.details.find("tolerance");
     if (match >= 0.0 && tolerance != replayed.details.end() && tolerance->is_object()) {
       report["tolerance"] = *tolerance;
       std::string bounds;
-      for (const auto& [tensor, judged] : tolerance->items()) {
-        const std::string by = judged.value("decided_by", "none");
-        bounds += fmt::format("{}{} {:.3g} {}", bounds.empty() ? "" : ", ", tensor, judged.value("max_abs_err", 0.0),
-                              by == "dense"   ? fmt::format("<= {:.3g} (dense bound)", judged.value("dense_bound", 0.0))
-                              : by == "dtype" ? fmt::format("within atol + {:.3g}·|ref| (dtype bound)", judged.value("rtol", 0.0))
-                                              : fmt::format("> {:.3g} and beyond {:.3g}·|ref| (no bound)",
-                                                            judged.value("dense_bound", 0.0), judged.value("rtol", 0.0)));
-      }
+      for (const auto& [tensor, judged] : tolerance->items())
+        bounds += (bounds.empty() ? "" : "; ") + judged.value("summary", tensor);
       reason += "; " + bounds;
+    }
+    // The saving program's own outputs against the same references.
+    if (const auto imported = replayed.details.find("imported_check"); imported != replayed.details.end()) {
+      report["imported_check"] = *imported;
+      if (imported->contains("error")) {
+        reason += "; the imported outputs were not judged: " + imported->value("error", "");
+      } else {
+        reason += std::string("; the imported outputs (the saving program's): ") +
+                  (imported->value("match", false) ? "MATCH" : "MISMATCH (" + imported->value("check_failed", "") + ")");
+      }
     }
   }
   report["verdict"] = verdict;

@@ -43,6 +43,7 @@ struct RunArgs {
   std::vector<std::string> overrides;
   std::string profile;
   bool no_profile = false;
+  std::string model;
   std::vector<std::string> fail_on;
   std::string memory_limit;
   bool memory_limit_given = false;  //!< --memory-limit was on the command line (even as '')
@@ -316,6 +317,7 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
     raws.push_back(nlohmann::json::parse(read_file(path), nullptr, false));
     spec::LoadOptions load;
     load.overrides = args.overrides;
+    load.model = args.model;
     load.allow_faults = allow_faults;
     if (!args.profile.empty()) {
       if (raws.back().is_discarded() || !spec::has_profile(raws.back(), args.profile))
@@ -346,6 +348,7 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
   for (size_t i = 0; i < spec_paths.size(); ++i) {
     spec::LoadOptions load;
     load.overrides = args.overrides;
+    load.model = args.model;
     load.allow_faults = allow_faults;
     load.profile = args.profile;
     if (args.profile.empty() && !args.no_profile && on_cpu && !raws[i].is_discarded() && spec::has_profile(raws[i], "cpu"))
@@ -537,6 +540,9 @@ Action add_run_command(CLI::App& app, GlobalOptions& options) {
                       "Override a spec field: path=value (dims.anchors=256); a list sweeps it (dims.anchors=[128,512])");
   command->add_option("--profile", args->profile, "Apply a profile of the spec (default: cpu on the CPU)");
   command->add_flag("--no-profile", args->no_profile, "Never apply a profile, even on the CPU");
+  command->add_option("--model", args->model,
+                      "Run at a model's attention shape: heads, kv_heads, head_dim (harness list --models), "
+                      "after the profile and before --set");
   command
       ->add_option("--memory-limit", args->memory_limit,
                    "Cap the device memory of each trial's step (e.g. 96GiB), to reproduce an OOM of a smaller GPU")

@@ -72,6 +72,8 @@ Action add_trial_command(CLI::App& app, GlobalOptions& options) {
   command->add_flag("--memory-snapshot", context.memory_snapshot);
   command->add_flag("--trace", context.trace);
   command->add_option("--replay-capsule", context.replay_capsule, "Run the step recorded in this capsule");
+  command->add_option("--judge-outputs", context.judge_outputs,
+                      "Judge these recorded outputs of the step by the correctness check too");
   command->add_option("--deadline-s", args->deadline_s, "End the trial (status timeout) after this many seconds");
   add_global_options(*command, options);
   return [args] {

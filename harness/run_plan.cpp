@@ -94,6 +94,8 @@ void note_outcome(PlannedRun& run, size_t point, const RecordedTrial& recorded) 
   spec::VariantOutcome variant_outcome;
   variant_outcome.status = trial.status;
   variant_outcome.error = trial.error;
+  if (const auto failed = trial.details.find("check_failed"); failed != trial.details.end() && failed->is_string())
+    variant_outcome.check_failed = failed->get<std::string>();
   for (const auto& [key, summary] : summarize(recorded.metrics)) variant_outcome.values[key.second] = summary.median;
   run.outcomes[point][trial.variant] = std::move(variant_outcome);
   run.metrics.insert(run.metrics.end(), recorded.metrics.begin(), recorded.metrics.end());
@@ -110,10 +112,20 @@ spec::Verdict decide(PlannedRun& run, db::Store& store) {
   }
   const spec::Spec& spec = run.spec;
   if (spec.scaling) {
+    // A wrong result at any point stops the fit from deciding (experiments/verdict.h).
+    for (size_t p = 0; p < run.points.size(); ++p) {
+      if (auto guarded = spec::failed_check_verdict(run.point_specs[p], run.outcomes[p])) {
+        guarded->evidence["point"] = run.points[p];
+        return *guarded;
+      }
+    }
     std::vector<spec::ScalingSample> samples;
     nlohmann::json per_point = nlohmann::json::array();
+    std::map<std::string, double> match_everywhere;  // per variant: 1 when every point's check passed
     for (size_t p = 0; p < run.points.size(); ++p) {
       for (const auto& [variant, outcome] : run.outcomes[p]) {
+        if (const auto match = outcome.values.find("match"); match != outcome.values.end())
+          match_everywhere[variant] = std::min(match_everywhere.count(variant) ? match_everywhere[variant] : 1.0, match->second);
         per_point.push_back({{"point", run.points[p]}, {"variant", variant}, {"status", outcome.status}});
         const auto value = outcome.values.find(spec.scaling->metric);
         if (outcome.status != "ok" || value == outcome.values.end()) continue;
@@ -150,6 +162,8 @@ spec::Verdict decide(PlannedRun& run, db::Store& store) {
           metrics.push_back({variant.name, nlohmann::json::object(), "slope_" + fit.model, fit.slope, "", -1});
         }
       }
+      if (const auto match = match_everywhere.find(variant.name); match != match_everywhere.end())
+        outcome.values["match"] = match->second;
       fit_evidence[variant.name] = std::move(entry);
       outcomes[variant.name] = std::move(outcome);
     }

@@ -16,11 +16,55 @@ namespace {
 // Metrics shown first, in this order; any others follow alphabetically.
 const std::vector<std::string> kMetricOrder = {"fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms", "bwd_ms", "match",
                                                "max_abs_err"};
+std::vector<nlohmann::json> trial_points(const db::RunDetail& detail);
+
 // Shown by `show` only: per-tensor errors (max_abs_err summarizes them) and the fits' values (the
 // verdict shows them).
 bool detail_only(const std::string& name) {
-  return name == "out_max_abs_err" || name == "dq_max_abs_err" || name == "dk_max_abs_err" ||
-         name == "dv_max_abs_err" || name.rfind("r2_", 0) == 0 || name.rfind("slope_", 0) == 0;
+  const bool per_tensor_error = name != "max_abs_err" && name.size() > 4 && name.substr(name.size() - 4) == "_err";
+  return per_tensor_error || name.rfind("r2_", 0) == 0 || name.rfind("slope_", 0) == 0;
+}
+
+// The correctness check of each trial that ran it: per tensor the errors against the float64
+// reference, the flash-style reference's, and the bounds (experiments/tolerance.h).
+void print_check(std::ostream& out, const db::RunDetail& detail) {
+  Table table;
+  table.headers = {"variant", "tensor", "max err", "lowp max", "bound", "mean err", "lowp mean", "mean bound", "ok"};
+  table.right_align = {false, false, true, true, true, true, true, true, false};
+  const bool sweep = trial_points(detail).size() > 1;
+  if (sweep) {
+    table.headers.insert(table.headers.begin(), "point");
+    table.right_align.insert(table.right_align.begin(), false);
+  }
+  for (const auto& trial : detail.trials) {
+    const auto tolerance = trial.details.find("tolerance");
+    if (tolerance == trial.details.end() || !tolerance->is_object()) continue;
+    for (const auto& [tensor, judged] : tolerance->items()) {
+      if (!judged.is_object()) continue;
+      const auto number = [&](const char* key) { return fmt::format("{:.3g}", judged.value(key, 0.0)); };
+      const std::string failed = judged.value("failed", "");
+      std::vector<std::string> row = {trial.variant, tensor, number("max_abs_err"), number("lowp_err"), number("bound"),
+                                      number("mean_abs_err"), number("lowp_mean_err"), number("mean_bound"),
+                                      judged.value("match", false) ? (judged.value("decided_by", "") == "rtol" ? "yes (rtol)" : "yes")
+                                                                   : "NO: " + failed};
+      if (sweep) row.insert(row.begin(), spec::point_label(trial.point));
+      table.rows.push_back(std::move(row));
+    }
+  }
+  if (table.rows.empty()) return;
+  out << "\ncorrectness check (against float64; bound = factor · lowp max + atol, mean bound = mean_factor · lowp mean + "
+         "atol;\nlowp = the step rounded as a flash kernel rounds it)\n";
+  print_table(out, table);
+}
+
+// One line per trial whose check failed: which tensors, by how much.
+void print_check_failures(std::ostream& out, const db::RunDetail& detail) {
+  for (const auto& trial : detail.trials) {
+    const auto failed = trial.details.find("check_failed");
+    if (failed == trial.details.end() || !failed->is_string()) continue;
+    out << "  " << trial.variant << (trial.point.empty() ? "" : " at " + spec::point_label(trial.point))
+        << ": correctness check failed: " << failed->get<std::string>() << '\n';
+  }
 }
 
 // Model predictions are shown inside the measured metric's cell, not as rows of their own.
@@ -255,7 +299,8 @@ void print_run_summary(std::ostream& out, const db::RunDetail& detail) {
   }
   print_metrics(out, detail, false);
   print_verdict(out, detail);
-  out << fmt::format("stored: `harness show {}` for env, dispatch trace and errors\n", detail.run.id);
+  print_check_failures(out, detail);
+  out << fmt::format("stored: `harness show {}` for env, dispatch trace, the correctness check and errors\n", detail.run.id);
 }
 
 void print_run_detail(std::ostream& out, const db::RunDetail& detail) {
@@ -282,8 +327,10 @@ void print_run_detail(std::ostream& out, const db::RunDetail& detail) {
   print_trials(out, detail);
   out << "\nmetrics (median over repeats, [min–max] for times)\n";
   print_metrics(out, detail, true);
+  print_check(out, detail);
   out << '\n';
   print_verdict(out, detail);
+  print_check_failures(out, detail);
 
   out << "\ndispatch trace\n";
   Table dispatch;

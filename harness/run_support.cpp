@@ -160,6 +160,8 @@ ChildCommand trial_command(const TrialLaunch& launch, const GlobalOptions& optio
   if (launch.trace) command.argv.push_back("--trace");
   if (!launch.replay_capsule.empty())
     command.argv.insert(command.argv.end(), {"--replay-capsule", launch.replay_capsule});
+  if (!launch.judge_outputs.empty())
+    command.argv.insert(command.argv.end(), {"--judge-outputs", launch.judge_outputs});
   command.timeout_s = launch.timeout_s;
   // The child's own deadline, for when this process cannot enforce one (stopped, or killed and
   // the child somehow survived): a little after ours, so that normally ours decides.

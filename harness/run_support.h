@@ -65,6 +65,7 @@ struct TrialLaunch {
   bool memory_snapshot = false;  //!< keep the measured step's CUDA allocator snapshot
   bool trace = false;            //!< keep a Kineto trace of the measured step
   std::string replay_capsule;
+  std::string judge_outputs;  //!< an outputs capsule to judge by the correctness check too
   double timeout_s = 600.0;
 };
 

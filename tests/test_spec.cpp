@@ -38,7 +38,8 @@ const std::string kSmallSpec = R"({
   "dims": {"heads": 4, "kv_heads": 2, "head_dim": 64, "anchors": 8, "context": 256},
   "mask": {"type": "dflash", "documents": 2},
   "variants": {"fused": {"impl": "fused"}, "dense": {"impl": "dense"}},
-  "verdict": [{"if": "fused.bwd_peak_bytes < 5GiB && fused.match", "then": "FUSED"}, {"else": "DENSE"}],
+  "verdict": [{"if": "!fused.match", "then": "FUSED_BUT_WRONG"},
+              {"if": "fused.bwd_peak_bytes < 5GiB && fused.match", "then": "FUSED"}, {"else": "DENSE"}],
   "profiles": {"tiny": {"dims": {"anchors": 4, "context": 128}, "mask": {"documents": 1}}}
 })";
 
@@ -68,6 +69,14 @@ Spec small_spec(const std::vector<std::string>& overrides = {}) {
   LoadOptions options;
   options.overrides = overrides;
   return harness::spec::load_spec_text(kSmallSpec, "small.json", options);
+}
+
+//! The small spec without its correctness check, and with one rule clause before the else: for
+//! tests of the verdict engine with conditions that read no `match` (a rule that could read a
+//! failed check as a finding is rejected at load, tested in tests/test_verdict_check.cpp).
+Spec unchecked_spec(const std::string& condition, const std::string& then = "FUSED") {
+  return small_spec({"check.enabled=false", R"(verdict=[{"if": ")" + condition + R"(", "then": ")" + then +
+                                                R"("}, {"else": "DENSE"}])"});
 }
 
 std::vector<std::string> variant_names(const Spec& spec) {
@@ -107,12 +116,15 @@ TEST_CASE("bwd_fusion.json loads with the DFlash dims", "[spec]") {
   CHECK(spec.timeout_s == 600.0);
   CHECK(spec.check);
   CHECK(spec.tolerance.factor == 2.0);
-  CHECK(spec.tolerance.atol == 1e-5);
-  REQUIRE(spec.verdict.size() == 2);
-  CHECK(spec.verdict[0].condition == "fused.bwd_peak_bytes < 5GiB && fused.match");
-  CHECK(spec.verdict[0].then == "FUSED");
-  CHECK(spec.verdict[1].condition.empty());
-  CHECK(spec.verdict[1].then == "DENSE");
+  CHECK(spec.tolerance.mean_factor == 1.5);
+  CHECK(spec.tolerance.atol == 0.0);
+  REQUIRE(spec.verdict.size() == 3);
+  CHECK(spec.verdict[0].condition == "!fused.match");
+  CHECK(spec.verdict[0].then == "FUSED_BUT_WRONG");
+  CHECK(spec.verdict[1].condition == "fused.bwd_peak_bytes < 5GiB");
+  CHECK(spec.verdict[1].then == "FUSED");
+  CHECK(spec.verdict[2].condition.empty());
+  CHECK(spec.verdict[2].then == "DENSE");
   CHECK(spec.profile.empty());
   CHECK(spec.source == kBwdFusion);
   CHECK(!spec.resolved.contains("profiles"));
@@ -140,8 +152,8 @@ TEST_CASE("bwd_fusion.json's cpu profile keeps the structure at CPU scale", "[sp
   CHECK(spec.dims.anchors <=
         harness::kernels::count_valid_anchor_positions(spec.mask, spec.dims.context, spec.dims.block_size));
   CHECK(variant_names(spec) == std::vector<std::string>{"fused", "dense"});
-  REQUIRE(spec.verdict.size() == 2);
-  CHECK(spec.verdict[0].condition.find("12MiB") != std::string::npos);
+  REQUIRE(spec.verdict.size() == 3);
+  CHECK(spec.verdict[1].condition.find("12MiB") != std::string::npos);
   CHECK(spec.resolved["profile"] == "cpu");
   CHECK(spec.resolved["dims"]["heads"] == 4);
   CHECK(spec.resolved["dims"]["kv_heads"] == 2);
@@ -186,9 +198,9 @@ TEST_CASE("overrides (--set) change numbers, strings and nested fields after the
   }
   SECTION("nested fields, array indices and new objects") {
     const Spec spec = small_spec(
-        {"variants.fused.impl=dense", "verdict.0.then=OK", "block_mask.block_size=64", "mask.in_block=causal"});
+        {"variants.fused.impl=dense", "verdict.1.then=OK", "block_mask.block_size=64", "mask.in_block=causal"});
     CHECK(spec.variants[0].impl == "dense");
-    CHECK(spec.verdict[0].then == "OK");
+    CHECK(spec.verdict[1].then == "OK");
     CHECK(spec.mask_block == 64);
     CHECK(spec.mask.in_block == harness::kernels::InBlock::causal);
   }
@@ -334,7 +346,7 @@ TEST_CASE("verdict rules decide from the variants' outcomes", "[spec]") {
   SECTION("FUSED when the fused backward stays small and matches") {
     const auto verdict = harness::spec::evaluate_verdict(spec, {{"fused", ok(1.6e8, 1)}, {"dense", ok(1.9e10, 1)}});
     CHECK(verdict.verdict == "FUSED");
-    CHECK(verdict.evidence["clause"] == 0);
+    CHECK(verdict.evidence["clause"] == 1);
     REQUIRE(verdict.evidence["values"].size() == 2);
     CHECK(verdict.evidence["values"][0]["variant"] == "fused");
     CHECK(verdict.evidence["values"][0]["metric"] == "bwd_peak_bytes");
@@ -348,14 +360,14 @@ TEST_CASE("verdict rules decide from the variants' outcomes", "[spec]") {
     const auto verdict = harness::spec::evaluate_verdict(spec, {{"fused", ok(1.785e10, 1)}, {"dense", ok(1.9e10, 1)}});
     CHECK(verdict.verdict == "DENSE");
     CHECK(verdict.evidence["else"] == true);
-    REQUIRE(verdict.evidence["rejected"].size() == 1);
-    const auto& values = verdict.evidence["rejected"][0]["values"];
+    REQUIRE(verdict.evidence["rejected"].size() == 2);  // the failed-check clause, then the FUSED one
+    const auto& values = verdict.evidence["rejected"][1]["values"];
     REQUIRE(values.size() == 1);  // && stops at the first comparison that fails
     CHECK(values[0]["held"] == false);
   }
-  SECTION("DENSE when the fused output does not match") {
+  SECTION("FUSED_BUT_WRONG when the fused output does not match") {
     CHECK(harness::spec::evaluate_verdict(spec, {{"fused", ok(1.6e8, 0)}, {"dense", ok(1.9e10, 1)}}).verdict ==
-          "DENSE");
+          "FUSED_BUT_WRONG");
   }
   SECTION("units: 5GiB is 5368709120 bytes, not 5e9") {
     CHECK(harness::spec::evaluate_verdict(spec, {{"fused", ok(5.3e9, 1)}}).verdict == "FUSED");
@@ -378,7 +390,7 @@ TEST_CASE("verdict rules decide from the variants' outcomes", "[spec]") {
     CHECK(verdict.evidence["variant"] == "fused");
     CHECK(verdict.evidence["status"] == "crashed");
     CHECK(verdict.evidence["error"] == "signal 11 (SIGSEGV)");
-    CHECK(verdict.evidence["metric"] == "bwd_peak_bytes");
+    CHECK(verdict.evidence["metric"] == "match");  // the first clause reads it
     CHECK(verdict.evidence["reason"].get<std::string>().find("crashed") != std::string::npos);
   }
   SECTION("a failed variant the rule does not read does not matter") {
@@ -387,7 +399,7 @@ TEST_CASE("verdict rules decide from the variants' outcomes", "[spec]") {
     CHECK(verdict.verdict == "FUSED");
   }
   SECTION("a clause that is false whatever the failed variant measured is rejected, not undecided") {
-    const Spec both = small_spec({"verdict.0.if=dense.bwd_peak_bytes > 10GiB && fused.bwd_peak_bytes < 5GiB"});
+    const Spec both = unchecked_spec("dense.bwd_peak_bytes > 10GiB && fused.bwd_peak_bytes < 5GiB");
     const VariantOutcome crashed{"crashed", "signal 6 (SIGABRT)", {}};
     const auto rejected = harness::spec::evaluate_verdict(both, {{"fused", ok(6e9, 1)}, {"dense", crashed}});
     CHECK(rejected.verdict == "DENSE");
@@ -399,7 +411,7 @@ TEST_CASE("verdict rules decide from the variants' outcomes", "[spec]") {
     CHECK(undecided.evidence["values"][0]["variant"] == "fused");
   }
   SECTION("an alternative that holds decides the clause even when another cannot be read") {
-    const Spec either = small_spec({"verdict.0.if=fused.match || dense.status == oom"});
+    const Spec either = unchecked_spec("fused.fwd_ms < 1ms || dense.status == oom");
     const VariantOutcome unsupported{"unsupported", "no sm_90 device", {}};
     CHECK(harness::spec::evaluate_verdict(either, {{"fused", unsupported}, {"dense", {"oom", "out of memory", {}}}})
               .verdict == "FUSED");
@@ -408,14 +420,13 @@ TEST_CASE("verdict rules decide from the variants' outcomes", "[spec]") {
     CHECK(invalid.evidence["error"] == "no sm_90 device");
   }
   SECTION("a metric a failed trial did produce can still be read") {
-    const Spec fwd = small_spec({"verdict.0.if=fused.fwd_peak_bytes < 1GB"});
+    const Spec fwd = unchecked_spec("fused.fwd_peak_bytes < 1GB");
     const auto verdict =
         harness::spec::evaluate_verdict(fwd, {{"fused", {"oom", "bwd ran out of memory", {{"fwd_peak_bytes", 8e7}}}}});
     CHECK(verdict.verdict == "FUSED");
   }
   SECTION("|| binds looser than &&, and status compares with a word") {
-    const Spec either = small_spec(
-        {"verdict.0.if=fused.status == ok && fused.fwd_ms < 1.5ms || dense.status != ok", "verdict.0.then=GOOD"});
+    const Spec either = unchecked_spec("fused.status == ok && fused.fwd_ms < 1.5ms || dense.status != ok", "GOOD");
     const auto timing = [](const std::string& status, double fwd_ms) {
       return VariantOutcome{status, "", {{"fwd_ms", fwd_ms}}};
     };
@@ -435,7 +446,7 @@ TEST_CASE("verdict rules decide from the variants' outcomes", "[spec]") {
     CHECK(verdict.evidence["rejected"][0]["values"][1]["variant"] == "dense");
   }
   SECTION("times take units") {
-    const Spec slow = small_spec({"verdict.0.if=dense.bwd_ms > 0.5s", "verdict.0.then=SLOW"});
+    const Spec slow = unchecked_spec("dense.bwd_ms > 0.5s", "SLOW");
     const auto timing = [](double bwd_ms) { return VariantOutcome{"ok", "", {{"bwd_ms", bwd_ms}}}; };
     CHECK(harness::spec::evaluate_verdict(slow, {{"dense", timing(600)}}).verdict == "SLOW");
     CHECK(harness::spec::evaluate_verdict(slow, {{"dense", timing(400)}}).verdict == "DENSE");

@@ -18,6 +18,7 @@
 #include "core/files.h"
 #include "core/oom_message.h"
 #include "experiments/tolerance.h"
+#include "trials/correctness.h"
 #include "trials/memory.h"
 #include "trials/step_evidence.h"
 #include "kernels/attention.h"
@@ -99,73 +100,6 @@ void restore_rng_state(const at::Device& device, const at::Tensor& state) {
     at::empty({int64_t{1} << 50}, at::TensorOptions().dtype(at::kByte).device(device));
   }
   throw std::runtime_error("fault injection: exception thrown inside the trial (fault=" + fault + ")");
-}
-
-double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
-  const auto diff = (a.to(at::kFloat) - b.to(at::kFloat)).abs();
-  if (!diff.isfinite().all().item<bool>()) return std::numeric_limits<double>::infinity();
-  return diff.max().item<double>();
-}
-
-// One layer's output and gradients.
-struct LayerOutputs {
-  at::Tensor out, dq, dk, dv;
-};
-
-// One forward+backward of the dense reference on copies of the inputs in `dtype`.
-LayerOutputs dense_step(const LayerInputs& in, kernels::MaskContext& mask, at::ScalarType dtype, double scale) {
-  auto q = in.q.detach().to(dtype).requires_grad_(true);
-  auto k = in.k.detach().to(dtype).requires_grad_(true);
-  auto v = in.v.detach().to(dtype).requires_grad_(true);
-  auto out = kernels::dense_attention(q, k, v, mask.dense(q.device()), scale);
-  out.backward(in.grad_out.to(dtype));
-  return {out.detach(), q.grad(), k.grad(), v.grad()};
-}
-
-// max over elements of |got - ref| - rtol * |ref|: the dtype bound of spec::judge_tensor holds
-// when this is at most atol. Non-finite anywhere gives infinity.
-double worst_excess_over_rtol(const at::Tensor& got, const at::Tensor& ref, double rtol) {
-  const auto reference = ref.to(at::kFloat);
-  const auto excess = (got.to(at::kFloat) - reference).abs() - rtol * reference.abs();
-  if (!excess.isfinite().all().item<bool>()) return std::numeric_limits<double>::infinity();
-  return excess.max().item<double>();
-}
-
-// Compares the variant's layer-0 tensors with an fp32 reference; the allowance is relative to
-// the error the dense path makes in the same low precision (docs/STYLE.md), or what the dtype itself
-// cannot resolve (experiments/tolerance.h). Each tensor's judgement, with the bound that decided
-// it, goes to the trial's details ("tolerance").
-void check_against_reference(const spec::Spec& spec, const std::string& impl, const LayerInputs& in,
-                             const LayerOutputs& got, kernels::MaskContext& mask, double scale,
-                             std::vector<MetricValue>& metrics, nlohmann::json& details) {
-  const LayerOutputs reference = dense_step(in, mask, at::kFloat, scale);
-  const at::ScalarType dtype = scalar_type(spec.dtype);
-  const LayerOutputs lowp = impl == "dense" ? got : dense_step(in, mask, dtype, scale);
-  const std::pair<const char*, std::pair<at::Tensor, std::pair<at::Tensor, at::Tensor>>> rows[] = {
-      {"out", {got.out, {lowp.out, reference.out}}},
-      {"dq", {got.dq, {lowp.dq, reference.dq}}},
-      {"dk", {got.dk, {lowp.dk, reference.dk}}},
-      {"dv", {got.dv, {lowp.dv, reference.dv}}},
-  };
-  const double rtol = spec::check_rtol(spec.tolerance, spec.dtype);
-  bool match = true;
-  double worst = 0.0;
-  nlohmann::json judged = nlohmann::json::object();
-  for (const auto& [name, tensors] : rows) {
-    spec::TensorErrors errors;
-    errors.err = max_abs_diff(tensors.first, tensors.second.second);
-    errors.dense_err = max_abs_diff(tensors.second.first, tensors.second.second);
-    errors.worst_excess = worst_excess_over_rtol(tensors.first, tensors.second.second, rtol);
-    const spec::TensorJudgement judgement = spec::judge_tensor(errors, spec.tolerance, spec.dtype);
-    match = match && judgement.match;
-    worst = std::max(worst, errors.err);
-    metrics.push_back({std::string(name) + "_max_abs_err", errors.err, "", -1});
-    metrics.push_back({std::string(name) + "_dense_lowp_err", errors.dense_err, "", -1});
-    judged[name] = judgement.to_json(errors);
-  }
-  metrics.push_back({"max_abs_err", worst, "", -1});
-  metrics.push_back({"match", match ? 1.0 : 0.0, "", -1});
-  details["tolerance"] = std::move(judged);
 }
 
 // Non-finite values found in the step: the first tensor (in the order the step makes them) that has any.
@@ -272,6 +206,30 @@ void keep_outputs(StepRecord& record, const std::vector<at::Tensor>& outs, const
   }
 }
 
+// The outputs another program computed for this step (replay --import of a step saved with its
+// outputs), judged by the same check as the variant: whether that program's result is right by the
+// flash-kernel rule, e.g. PyTorch's compiled flex_attention on the same inputs.
+nlohmann::json judge_recorded_outputs(const spec::Spec& spec, const std::string& path, const LayerInputs& in,
+                                      const at::Tensor& dense_mask, double scale, const at::Device& device) {
+  try {
+    const replay::CapsuleInfo info = replay::inspect_capsule(path, /*verify_payload=*/false);
+    StepOutputs recorded;
+    const std::pair<const char*, at::Tensor*> names[] = {
+        {"out", &recorded.out}, {"dq", &recorded.dq}, {"dk", &recorded.dk}, {"dv", &recorded.dv}};
+    for (const auto& [name, tensor] : names) {
+      const replay::TensorEntry* entry = info.find(replay::layer_tensor_name(name, 0));
+      if (!entry) return {{"error", std::string("the recorded outputs have no ") + name + " of layer 0"}};
+      *tensor = replay::load_tensor(info, *entry).to(device);
+    }
+    const CheckResult check = check_step(spec.tolerance, {in.q, in.k, in.v, in.grad_out}, recorded, dense_mask, scale);
+    nlohmann::json judged = {{"match", check.match}, {"tolerance", check.judged}};
+    if (!check.failures.empty()) judged["check_failed"] = check.failures;
+    return judged;
+  } catch (const std::exception& error) {
+    return {{"error", error.what()}};
+  }
+}
+
 TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const at::Device& device,
                      const TrialContext& context, kernels::DispatchTrace& trace, StepRecord& record) {
   TrialResult result;
@@ -311,7 +269,8 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
     check_finite(inputs[layer].v, "v", "input", index, 0);
     check_finite(inputs[layer].grad_out, "grad_out", "input", index, 0);
   }
-  if (!variant.fault.empty() && variant.fault != "nan") inject_fault(variant.fault, device);
+  if (!variant.fault.empty() && variant.fault != "nan" && !variant.fault.starts_with("wrong_"))
+    inject_fault(variant.fault, device);
 
   kernels::AttentionOptions options;
   options.impl = variant.impl == "dense" ? kernels::AttentionImpl::dense : kernels::AttentionImpl::fused;
@@ -334,7 +293,7 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
                   choice});
   }
 
-  LayerOutputs layer0;
+  StepOutputs layer0;
   PhaseTimer timer(device);
   // On a GPU the allocator's history is always recorded, so that a trial ending in an OOM keeps
   // the snapshot of how it got there; --memory-snapshot keeps the measured step's (the first
@@ -448,8 +407,17 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
     record.evidence_errors["memory_snapshot"] = "allocator snapshots are recorded on CUDA devices only";
   // The reference check is the harness's, not the experiment's: it runs without the cap.
   if (context.memory_limit_bytes > 0) set_memory_limit(device, 0);
-  if (spec.check)
-    check_against_reference(spec, variant.impl, inputs[0], layer0, *mask, scale, result.metrics, result.details);
+  if (spec.check) {
+    plant_wrong_result(variant.fault, layer0);
+    const CheckResult check = check_step(spec.tolerance, {inputs[0].q, inputs[0].k, inputs[0].v, inputs[0].grad_out},
+                                         layer0, mask->dense(device), scale);
+    result.metrics.insert(result.metrics.end(), check.metrics.begin(), check.metrics.end());
+    result.details["tolerance"] = check.judged;
+    if (!check.failures.empty()) result.details["check_failed"] = check.failures;
+    if (!context.judge_outputs.empty())
+      result.details["imported_check"] = judge_recorded_outputs(spec, context.judge_outputs, inputs[0], mask->dense(device),
+                                                                scale, device);
+  }
   return result;
 }
 

@@ -24,8 +24,11 @@ KindInfo attention_step_kind() {
   kind.measures = {"fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms",         "bwd_ms",         "max_abs_err",
                    "out_max_abs_err", "dq_max_abs_err", "dk_max_abs_err", "dv_max_abs_err", "dispatch"};
   kind.default_measures = {"fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms", "bwd_ms", "max_abs_err", "dispatch"};
-  kind.verdict_metrics = {"fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms",         "bwd_ms",         "match",
-                          "out_max_abs_err", "dq_max_abs_err", "dk_max_abs_err", "dv_max_abs_err", "max_abs_err"};
+  kind.verdict_metrics = {"fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms", "bwd_ms", "match", "max_abs_err"};
+  // The correctness check's per-tensor errors (experiments/tolerance.h).
+  for (const char* tensor : {"out", "dq", "dk", "dv"})
+    for (const char* error : {"_max_abs_err", "_mean_abs_err", "_lowp_err", "_lowp_mean_err"})
+      kind.verdict_metrics.push_back(std::string(tensor) + error);
   kind.check_params = [](const nlohmann::json& params, ParamIssues& issues) {
     if (!params.empty()) issues.emplace_back("params", "attention_step takes no params; its fields are dims and mask");
   };

@@ -54,6 +54,9 @@ struct TrialContext {
   std::string result_path;             //!< the result file the parent reads
   std::string spec_dir;                //!< folder of the spec file (relative paths in params resolve here)
   std::string replay_capsule;          //!< replay: run the step recorded in this capsule instead of fresh inputs
+  //! replay --import: the outputs the saving program computed for that step (an outputs capsule),
+  //! judged by the same correctness check as the variant's
+  std::string judge_outputs;
   bool memory_snapshot = false;        //!< keep the CUDA allocator snapshot of the measured step (an OOM's is kept always)
   bool trace = false;                  //!< run the measured step under the Kineto profiler, keep its Chrome trace
 };

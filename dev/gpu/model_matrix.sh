@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root, with a built harness (BUILD_DIR, default build/):
+#   1. harness run bwd_fusion --model M --device cuda:0 for every model of `harness list --models`
+#      (MODELS to pick some), default and deterministic backward;
+#   2. the planted wrong results (fault wrong_dq, wrong_dk_block) at Qwen2.5-7B: FUSED_BUT_WRONG;
+#   3. a DFlash step per model computed by compiled flex_attention (dev/gpu/flex_model_steps.py,
+#      STEP_MODELS to pick), replayed with `harness replay --import` on our kernels: MATCH, and the
+#      flex outputs judged by the same rule.
+# Writes $OUT/models.db and $OUT/model_matrix.txt (the tables). STEPS picks: runs, faults, flex.
+set -uo pipefail
+build=${BUILD_DIR:-build}
+h=$build/harness/harness
+out=${OUT:-out}
+mkdir -p "$out"
+db=$out/models.db
+steps=" ${STEPS:-runs faults flex} "
+models=${MODELS:-$("$h" list --models --json | python3 -c 'import json,sys; print(",".join(m["name"] for m in json.load(sys.stdin)))')}
+report=$out/model_matrix.txt
+: >"$report"
+summary() {  # run JSON on stdin -> one line: model, variant set, verdict, peaks, per-tensor errors/bounds
+  python3 -c '
+import json, sys
+label = sys.argv[1]
+data = json.load(sys.stdin)
+run = data.get("run", data)
+line = [label, run.get("verdict", "?")]
+for trial in data.get("trials", []):
+    tol = trial.get("details", {}).get("tolerance", {})
+    errs = " ".join(f"{t}:{v[\"max_abs_err\"]:.3g}/{v[\"bound\"]:.3g},m{v[\"mean_abs_err\"]:.2g}/{v[\"mean_bound\"]:.2g}" for t, v in tol.items())
+    line.append(f"{trial[\"variant\"]}[{trial[\"status\"]}] {errs} {trial.get(\"error\",\"\")[:120]}")
+print(" | ".join(line))' "$1"
+}
+if [[ $steps == *" runs "* ]]; then
+  for model in ${models//,/ }; do
+    for det in false true; do
+      id=$("$h" --db "$db" --json run bwd_fusion --device cuda:0 --model "$model" \
+             --set variants.fused.deterministic=$det 2>>"$out/runs.stderr" | python3 -c 'import json,sys; print(json.load(sys.stdin)["run"]["id"])')
+      "$h" --db "$db" --json show "$id" | summary "$model det=$det" | tee -a "$report"
+    done
+  done
+fi
+if [[ $steps == *" faults "* ]]; then
+  for fault in wrong_dq wrong_dk_block; do
+    id=$(HARNESS_ALLOW_FAULTS=1 "$h" --db "$db" --json run bwd_fusion --device cuda:0 --model Qwen2.5-7B \
+           --set variants.fused.fault=$fault 2>>"$out/runs.stderr" | python3 -c 'import json,sys; print(json.load(sys.stdin)["run"]["id"])')
+    "$h" --db "$db" --json show "$id" | summary "Qwen2.5-7B fault=$fault" | tee -a "$report"
+  done
+fi
+if [[ $steps == *" flex "* ]]; then
+  python3 dev/gpu/flex_model_steps.py --out "$out/steps" --models "${STEP_MODELS:-$models}" --harness "$h" \
+    | tee -a "$report"
+  for step in "$out"/steps/*.pt; do
+    "$h" --db "$db" --json replay --import "$step" --device cuda:0 2>>"$out/runs.stderr" | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+imp = r.get("imported_check", {})
+print(sys.argv[1], "|", r["verdict"], "|", r["reason"][:900], "| flex:", "MATCH" if imp.get("match") else imp)' "$(basename "$step")" \
+      | tee -a "$report"
+  done
+fi
+echo "== $report"
