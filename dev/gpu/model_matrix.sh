@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with a built harness (BUILD_DIR, default build/):
 #   1. harness run bwd_fusion --model M --device cuda:0 for every model of `harness list --models`
-#      (MODELS to pick some), default and deterministic backward;
+#      (MODELS to pick some) with the default backward, and with the deterministic one for
+#      DET_MODELS (default Qwen2.5-7B);
 #   2. the planted wrong results (fault wrong_dq, wrong_dk_block) at Qwen2.5-7B: FUSED_BUT_WRONG;
 #   3. a DFlash step per model computed by compiled flex_attention (dev/gpu/flex_model_steps.py,
 #      STEP_MODELS to pick), replayed with `harness replay --import` on our kernels: MATCH, and the
@@ -32,7 +33,9 @@ print(" | ".join(line))' "$1"
 }
 if [[ $steps == *" runs "* ]]; then
   for model in ${models//,/ }; do
-    for det in false true; do
+    dets=false
+    [[ ",${DET_MODELS:-Qwen2.5-7B}," == *",$model,"* ]] && dets="false true"
+    for det in $dets; do
       id=$("$h" --db "$db" --json run bwd_fusion --device cuda:0 --model "$model" \
              --set variants.fused.deterministic=$det 2>>"$out/runs.stderr" | python3 -c 'import json,sys; print(json.load(sys.stdin)["run"]["id"])')
       "$h" --db "$db" --json show "$id" | summary "$model det=$det" | tee -a "$report"
