@@ -972,6 +972,8 @@ SiteStats write_site(const db::Store& store, const std::string& dir, const SiteO
   fs::rename(s.staging, s.final_dir, error);
   if (error) {
     remove_tree(s.staging.string());
+    std::error_code restore;  // the previous site back where it was
+    if (fs::exists(old, restore)) fs::rename(old, s.final_dir, restore);
     throw InfraError("site: cannot rename the built site into " + s.final_dir.string() + ": " + error.message());
   }
   remove_tree(old.string());
