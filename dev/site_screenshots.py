@@ -53,7 +53,7 @@ def main():
     failures = []
     with browser:
         page = browser.new_page(args.width, 900)
-        shots = [("site_index.png", site / "index.html", "experiment"),
+        shots = [("site_index.png", site / "index.html", "experiment" if args.experiment else None),
                  ("site_experiment.png", site / "experiment" / experiments[experiment] / "index.html", None),
                  ("site_run.png", site / "run" / f"{run}.html", None)]
         for name, path, select in shots:
