@@ -5,6 +5,7 @@
 #include <map>
 #include <ostream>
 #include <set>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -17,14 +18,6 @@ namespace {
 const char* const kAbsent = "(absent)";
 
 SideValues side_of(const Series& series) { return {series.spread, series.repeated, series.values}; }
-
-std::string side_cell(const std::optional<SideValues>& side, const std::string& unit) {
-  if (!side) return "-";
-  std::string cell = format_value(side->spread.median, unit);
-  if (side->repeated && side->spread.count > 1 && side->spread.max > side->spread.min)
-    cell += fmt::format(" [{}–{}]", format_value(side->spread.min, unit), format_value(side->spread.max, unit));
-  return cell;
-}
 
 std::string delta_cell(const MetricComparison& c) {
   if (!c.delta) return "-";
@@ -59,16 +52,7 @@ std::string status_of(const std::map<std::pair<nlohmann::json, std::string>, std
 
 void print_changes(std::ostream& out, const std::vector<JsonChange>& changes, bool with_component, const db::Run& a,
                    const db::Run& b) {
-  Table table;
-  if (with_component) table.headers.push_back("component");
-  table.headers.insert(table.headers.end(), {"key", fmt::format("run {}", a.id), fmt::format("run {}", b.id)});
-  for (const auto& change : changes) {
-    std::vector<std::string> row;
-    if (with_component) row.push_back(change.component);
-    row.insert(row.end(), {change.key, change.before, change.after});
-    table.rows.push_back(std::move(row));
-  }
-  print_table(out, table);
+  print_table(out, changes_table(changes, with_component, fmt::format("run {}", a.id), fmt::format("run {}", b.id)));
 }
 
 void print_env_section(std::ostream& out, const std::vector<JsonChange>& changes, const db::Run& a, const db::Run& b) {
@@ -102,6 +86,20 @@ nlohmann::json changes_json(const std::vector<JsonChange>& changes) {
   return out;
 }
 
+struct CallCounts {
+  int called = 0, worse = 0, better = 0;
+};
+
+CallCounts count_calls(const RunDiff& diff) {
+  CallCounts counts;
+  for (const auto& c : diff.metrics) {
+    counts.called += c.called;
+    counts.worse += c.regression;
+    counts.better += c.improvement;
+  }
+  return counts;
+}
+
 const char* worse_name(Worse worse) {
   switch (worse) {
     case Worse::kUp: return "up";
@@ -112,6 +110,24 @@ const char* worse_name(Worse worse) {
 }
 
 }  // namespace
+
+std::string side_text(const std::optional<SideValues>& side, const std::string& unit) {
+  if (!side) return "-";
+  std::string cell = format_value(side->spread.median, unit);
+  if (side->repeated && side->spread.count > 1 && side->spread.max > side->spread.min)
+    cell += fmt::format(" [{}–{}]", format_value(side->spread.min, unit), format_value(side->spread.max, unit));
+  return cell;
+}
+
+
+std::string change_text(const MetricComparison& c) {
+  if (!c.delta) return "-";
+  std::string text = delta_cell(c);
+  if (c.ratio) text += " " + ratio_cell(c);
+  if (!c.rule.empty()) text += ", " + c.rule;
+  if (c.test) text += fmt::format(" p={:.3g}", c.test->p_value);
+  return text;
+}
 
 bool RunDiff::regressed() const {
   for (const auto& m : metrics)
@@ -242,6 +258,49 @@ nlohmann::json to_json(const RunDiff& diff) {
   return out;
 }
 
+Table changes_table(const std::vector<JsonChange>& changes, bool with_component, const std::string& a, const std::string& b) {
+  Table table;
+  if (with_component) table.headers.push_back("component");
+  table.headers.insert(table.headers.end(), {"key", a, b});
+  for (const auto& change : changes) {
+    std::vector<std::string> row;
+    if (with_component) row.push_back(change.component.empty() ? "-" : change.component);
+    row.insert(row.end(), {change.key, change.before, change.after});
+    table.rows.push_back(std::move(row));
+  }
+  return table;
+}
+
+Table run_diff_trials_table(const RunDiff& diff) {
+  Table trials;
+  trials.headers = {"point", "variant", fmt::format("run {}", diff.a.id), fmt::format("run {}", diff.b.id), ""};
+  for (const auto& t : diff.trial_changes)
+    trials.rows.push_back({point_label(t.point).empty() ? "-" : point_label(t.point), t.variant, t.before, t.after,
+                           t.regression ? "WORSE" : ""});
+  return trials;
+}
+
+Table run_diff_metrics_table(const RunDiff& diff, bool changes_only) {
+  const bool any_point = std::any_of(diff.metrics.begin(), diff.metrics.end(),
+                                     [](const MetricComparison& c) { return !c.point.empty(); });
+  Table table;
+  if (any_point) table.headers.push_back("point");
+  table.headers.insert(table.headers.end(), {"variant", "metric", fmt::format("run {}", diff.a.id),
+                                             fmt::format("run {}", diff.b.id), "delta", "ratio", "p", "call"});
+  table.right_align.assign(table.headers.size(), false);
+  for (size_t c = table.headers.size() - 6; c < table.headers.size() - 1; ++c) table.right_align[c] = true;
+  for (const auto& c : diff.metrics) {
+    if (changes_only && c.a && c.b && !c.called) continue;
+    std::vector<std::string> row;
+    if (any_point) row.push_back(point_label(c.point).empty() ? "-" : point_label(c.point));
+    row.insert(row.end(), {c.variant.empty() ? "(run)" : c.variant, c.metric, side_text(c.a, c.unit),
+                           side_text(c.b, c.unit), delta_cell(c), ratio_cell(c),
+                           c.test ? fmt::format("{:.3g}", c.test->p_value) : "", call_cell(c)});
+    table.rows.push_back(std::move(row));
+  }
+  return table;
+}
+
 void print_run_diff(std::ostream& out, const RunDiff& diff, bool with_env, bool changes_only) {
   out << "A: " << run_label(diff.a) << '\n' << "   " << diff.env_summary_a << '\n';
   out << "B: " << run_label(diff.b) << '\n' << "   " << diff.env_summary_b << '\n';
@@ -264,35 +323,11 @@ void print_run_diff(std::ostream& out, const RunDiff& diff, bool with_env, bool 
 
   if (!diff.trial_changes.empty()) {
     out << "\ntrial status changes\n";
-    Table trials;
-    trials.headers = {"point", "variant", fmt::format("run {}", diff.a.id), fmt::format("run {}", diff.b.id), ""};
-    for (const auto& t : diff.trial_changes)
-      trials.rows.push_back({point_label(t.point).empty() ? "-" : point_label(t.point), t.variant, t.before, t.after,
-                             t.regression ? "WORSE" : ""});
-    print_table(out, trials);
+    print_table(out, run_diff_trials_table(diff));
   }
 
-  const bool any_point = std::any_of(diff.metrics.begin(), diff.metrics.end(),
-                                     [](const MetricComparison& c) { return !c.point.empty(); });
-  Table table;
-  if (any_point) table.headers.push_back("point");
-  table.headers.insert(table.headers.end(), {"variant", "metric", fmt::format("run {}", diff.a.id),
-                                             fmt::format("run {}", diff.b.id), "delta", "ratio", "p", "call"});
-  table.right_align.assign(table.headers.size(), false);
-  for (size_t c = table.headers.size() - 6; c < table.headers.size() - 1; ++c) table.right_align[c] = true;
-  int called = 0, worse = 0, better = 0;
-  for (const auto& c : diff.metrics) {
-    called += c.called;
-    worse += c.regression;
-    better += c.improvement;
-    if (changes_only && c.a && c.b && !c.called) continue;
-    std::vector<std::string> row;
-    if (any_point) row.push_back(point_label(c.point).empty() ? "-" : point_label(c.point));
-    row.insert(row.end(), {c.variant.empty() ? "(run)" : c.variant, c.metric, side_cell(c.a, c.unit),
-                           side_cell(c.b, c.unit), delta_cell(c), ratio_cell(c),
-                           c.test ? fmt::format("{:.3g}", c.test->p_value) : "", call_cell(c)});
-    table.rows.push_back(std::move(row));
-  }
+  const auto [called, worse, better] = count_calls(diff);
+  const Table table = run_diff_metrics_table(diff, changes_only);
   out << fmt::format("\nmetrics: median [min–max] over repeats; a change is called outside the repeats' ranges, or by "
                      "a Mann-Whitney test (p < {}) with {}+ repeats on both sides\n",
                      kSignificance, kMannWhitneyMinRepeats);
@@ -394,10 +429,7 @@ void print_env_diff(std::ostream& out, const EnvDiff& diff, bool changes_only) {
     for (const auto& c : changed_components(diff.env_changes)) components += (components.empty() ? "" : ", ") + c;
     out << fmt::format("env changes ({} key{}; changed: {})\n", diff.env_changes.size(),
                        diff.env_changes.size() == 1 ? "" : "s", components);
-    Table table;
-    table.headers = {"component", "key", "env A", "env B"};
-    for (const auto& c : diff.env_changes) table.rows.push_back({c.component, c.key, c.before, c.after});
-    print_table(out, table);
+    print_table(out, changes_table(diff.env_changes, true, "env A", "env B"));
   }
   for (const auto& run_diff : diff.experiments) {
     out << fmt::format("\n=== {} ===\n", run_diff.a.experiment);
@@ -410,6 +442,101 @@ void print_env_diff(std::ostream& out, const EnvDiff& diff, bool changes_only) {
   };
   if (!diff.only_a.empty()) out << "\nonly under env A (not compared): " << list(diff.only_a) << '\n';
   if (!diff.only_b.empty()) out << "\nonly under env B (not compared): " << list(diff.only_b) << '\n';
+}
+
+namespace {
+
+void markdown_changes(std::ostream& out, const std::vector<JsonChange>& changes, const std::string& a, const std::string& b) {
+  print_markdown_table(out, changes_table(changes, true, a, b));
+}
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string text;
+  for (const auto& n : names) text += (text.empty() ? "" : ", ") + n;
+  return text;
+}
+
+// The body of one run diff below its outcome line: setup, verdict, trials and the called metrics.
+void markdown_run_body(std::ostream& out, const RunDiff& diff) {
+  const std::string a = fmt::format("run {}", diff.a.id), b = fmt::format("run {}", diff.b.id);
+  if (!diff.setup_changes.empty()) {
+    out << "\n**Setup changes** (" << diff.setup_changes.size() << ")\n\n";
+    markdown_changes(out, diff.setup_changes, a, b);
+  }
+  auto verdict = [](const std::string& v) { return v.empty() ? std::string("(none)") : v; };
+  out << '\n'
+      << (diff.verdict_flipped ? fmt::format("Verdict: **{} → {}** (flipped)", markdown_cell(verdict(diff.a.verdict)),
+                                             markdown_cell(verdict(diff.b.verdict)))
+                               : fmt::format("Verdict: {} (unchanged)", markdown_cell(verdict(diff.a.verdict))))
+      << '\n';
+  if (!diff.trial_changes.empty()) {
+    out << "\n**Trial status changes**\n\n";
+    print_markdown_table(out, run_diff_trials_table(diff));
+  }
+  const auto [called, worse, better] = count_calls(diff);
+  const Table table = run_diff_metrics_table(diff, true);
+  out << fmt::format("\n{} of {} metric{} changed outside the noise: {} worse, {} better, {} without a direction.\n",
+                     called, diff.metrics.size(), diff.metrics.size() == 1 ? "" : "s", worse, better, called - worse - better);
+  if (!table.rows.empty()) {
+    out << '\n';
+    print_markdown_table(out, table);
+  }
+}
+
+}  // namespace
+
+std::string run_diff_markdown(const RunDiff& diff) {
+  std::ostringstream out;
+  out << fmt::format("### harness diff: {}, run {} → run {}\n\n", markdown_cell(diff.a.experiment), diff.a.id, diff.b.id);
+  std::vector<std::string> outcome;
+  outcome.push_back(diff.regressed() ? "**Regression**" : "No regression");
+  if (diff.verdict_flipped) outcome.push_back("**verdict flipped**");
+  out << join_names(outcome) << " (a change is called outside the repeats' min–max ranges, or by a Mann-Whitney test"
+      << fmt::format(" with p < {} when both sides have {}+ repeats).\n\n", kSignificance, kMannWhitneyMinRepeats);
+  Table runs;
+  runs.headers = {"", "run", "device", "started", "env"};
+  runs.rows.push_back({"A", std::to_string(diff.a.id), diff.a.device, diff.a.started_at,
+                       diff.a.env_id.substr(0, 12) + " · " + diff.env_summary_a});
+  runs.rows.push_back({"B", std::to_string(diff.b.id), diff.b.device, diff.b.started_at,
+                       diff.b.env_id.substr(0, 12) + " · " + diff.env_summary_b});
+  print_markdown_table(out, runs);
+  if (diff.a.env_id != diff.b.env_id && !diff.env_changes.empty()) {
+    out << fmt::format("\n<details><summary>Env changes ({}; changed: {})</summary>\n\n", diff.env_changes.size(),
+                       markdown_cell(join_names(changed_components(diff.env_changes))));
+    markdown_changes(out, diff.env_changes, fmt::format("run {}", diff.a.id), fmt::format("run {}", diff.b.id));
+    out << "\n</details>\n";
+  }
+  markdown_run_body(out, diff);
+  return out.str();
+}
+
+std::string env_diff_markdown(const EnvDiff& diff) {
+  std::ostringstream out;
+  out << fmt::format("### harness diff: env {} → env {}\n\n", diff.env_a.substr(0, 12), diff.env_b.substr(0, 12));
+  std::vector<std::string> outcome;
+  outcome.push_back(diff.regressed() ? "**Regression**" : "No regression");
+  if (diff.verdict_flipped()) outcome.push_back("**verdict flipped**");
+  out << join_names(outcome) << fmt::format(" across {} experiment{}.\n\n", diff.experiments.size(),
+                                            diff.experiments.size() == 1 ? "" : "s");
+  Table envs;
+  envs.headers = {"", "env", "toolchain"};
+  envs.rows.push_back({"A", diff.env_a.substr(0, 12), diff.env_summary_a});
+  envs.rows.push_back({"B", diff.env_b.substr(0, 12), diff.env_summary_b});
+  print_markdown_table(out, envs);
+  if (!diff.env_changes.empty()) {
+    out << fmt::format("\n<details><summary>Env changes ({}; changed: {})</summary>\n\n", diff.env_changes.size(),
+                       markdown_cell(join_names(changed_components(diff.env_changes))));
+    markdown_changes(out, diff.env_changes, "env A", "env B");
+    out << "\n</details>\n";
+  }
+  for (const auto& run_diff : diff.experiments) {
+    out << fmt::format("\n#### {}: run {} → run {}{}\n", markdown_cell(run_diff.a.experiment), run_diff.a.id,
+                       run_diff.b.id, run_diff.regressed() ? " — **regression**" : "");
+    markdown_run_body(out, run_diff);
+  }
+  if (!diff.only_a.empty()) out << "\nOnly under env A (not compared): " << markdown_cell(join_names(diff.only_a)) << '\n';
+  if (!diff.only_b.empty()) out << "\nOnly under env B (not compared): " << markdown_cell(join_names(diff.only_b)) << '\n';
+  return out.str();
 }
 
 }  // namespace harness::analysis

@@ -13,6 +13,7 @@
 #include "analysis/env_diff.h"
 #include "analysis/series.h"
 #include "analysis/stats.h"
+#include "core/printer.h"
 #include "db/store.h"
 
 namespace harness::analysis {
@@ -67,6 +68,12 @@ struct RunDiff {
   bool regressed() const;
 };
 
+//! A side's median with its repeats' range ("0.31 ms [0.30–0.33 ms]"), "-" when absent.
+std::string side_text(const std::optional<SideValues>& side, const std::string& unit);
+
+//! The change and the rule that called it: "+12.0 MiB ×1.05, mann-whitney p=0.008" ("-" for none).
+std::string change_text(const MetricComparison& comparison);
+
 //! Decides whether a change between two sets of values is called. With kMannWhitneyMinRepeats
 //! repeats or more on both sides the Mann-Whitney test decides (p < kSignificance), since one
 //! outlier among many repeats widens a range without making the shift less real; with fewer,
@@ -79,9 +86,26 @@ RunDiff diff_runs(const db::RunDetail& a, const db::RunDetail& b);
 //! The JSON form of a run diff (what `harness diff --json` prints for two runs).
 nlohmann::json to_json(const RunDiff& diff);
 
+//! Changed leaves as a table: (component,) key, then the values under the labels `a` and `b`.
+Table changes_table(const std::vector<JsonChange>& changes, bool with_component, const std::string& a, const std::string& b);
+
+//! The trial status changes: point, variant, status in run A, in run B, "WORSE" for a trial that
+//! was ok and is not.
+Table run_diff_trials_table(const RunDiff& diff);
+
+//! The metrics table of a diff: (point,) variant, metric, run A, run B (median [min–max]), delta,
+//! ratio, p, call ("WORSE", "better", "changed", "only in A/B"); only called changes and one-sided
+//! rows when `changes_only`.
+Table run_diff_metrics_table(const RunDiff& diff, bool changes_only);
+
 //! Writes the diff as text: env changes (unless `with_env` is false), setup, verdict, trials,
 //! then the metrics table (only called changes and one-sided rows when `changes_only`).
 void print_run_diff(std::ostream& out, const RunDiff& diff, bool with_env, bool changes_only);
+
+//! The diff as Markdown for a CI comment: a one-line outcome (regression, verdict flip), the two
+//! runs, the env changes folded in a <details>, trial status changes, then only the called metric
+//! changes (and metrics one side lacks) with the rule that called each.
+std::string run_diff_markdown(const RunDiff& diff);
 
 //! The latest runs of each experiment under two envs, compared.
 struct EnvDiff {
@@ -113,5 +137,9 @@ nlohmann::json to_json(const EnvDiff& diff);
 
 //! Text form of an env diff: the env changes once, then each experiment's run diff.
 void print_env_diff(std::ostream& out, const EnvDiff& diff, bool changes_only);
+
+//! Markdown form of an env diff: the outcome over all experiments, the env changes, then each
+//! experiment's called changes as run_diff_markdown writes them.
+std::string env_diff_markdown(const EnvDiff& diff);
 
 }  // namespace harness::analysis

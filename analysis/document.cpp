@@ -4,24 +4,10 @@
 #include <sstream>
 
 #include "analysis/svg_plot.h"
+#include "core/printer.h"
 
 namespace harness::analysis {
 namespace {
-
-// A table cell must stay on one line and must not end the cell early.
-std::string markdown_cell(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '|') {
-      out += "\\|";
-    } else if (c == '\n') {
-      out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  return out.empty() ? " " : out;
-}
 
 // The longest run of backticks in `text` plus one, so a fence can never be closed by the content.
 std::string fence_for(const std::string& text) {
@@ -90,18 +76,7 @@ std::string render_markdown(const Document& document, const std::string& figure_
     } else if (const auto* list = std::get_if<BulletList>(&block)) {
       for (const auto& item : list->items) out << "- " << item << '\n';
     } else if (const auto* table = std::get_if<TableBlock>(&block)) {
-      out << '|';
-      for (const auto& header : table->headers) out << ' ' << markdown_cell(header) << " |";
-      out << "\n|";
-      for (size_t c = 0; c < table->headers.size(); ++c)
-        out << (c < table->right_align.size() && table->right_align[c] ? " ---: |" : " --- |");
-      out << '\n';
-      for (const auto& row : table->rows) {
-        out << '|';
-        for (size_t c = 0; c < table->headers.size(); ++c)
-          out << ' ' << markdown_cell(c < row.size() ? row[c] : "") << " |";
-        out << '\n';
-      }
+      print_markdown_table(out, Table{table->headers, table->rows, table->right_align});
     } else if (const auto* code = std::get_if<CodeBlock>(&block)) {
       const std::string fence = fence_for(code->text);
       out << fence << code->language << '\n' << code->text;
@@ -119,11 +94,19 @@ std::string render_markdown(const Document& document, const std::string& figure_
   return out.str();
 }
 
+const char* document_style() { return kStyle; }
+
 std::string render_html(const Document& document) {
   std::ostringstream out;
   out << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<title>" << xml_escape(document.title)
       << "</title>\n<style>" << kStyle << "</style>\n</head>\n<body>\n";
-  out << "<h1>" << inline_html(document.title) << "</h1>\n";
+  out << "<h1>" << inline_html(document.title) << "</h1>\n" << render_html_blocks(document);
+  out << "</body>\n</html>\n";
+  return out.str();
+}
+
+std::string render_html_blocks(const Document& document) {
+  std::ostringstream out;
   for (const auto& block : document.blocks) {
     if (const auto* h = std::get_if<Heading>(&block)) {
       out << "<h" << h->level << '>' << inline_html(h->text) << "</h" << h->level << ">\n";
@@ -153,7 +136,6 @@ std::string render_html(const Document& document) {
           << inline_html(figure->caption) << "</figcaption>\n</figure>\n";
     }
   }
-  out << "</body>\n</html>\n";
   return out.str();
 }
 

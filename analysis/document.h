@@ -67,6 +67,13 @@ std::string render_markdown(const Document& document, const std::string& figure_
 //! A standalone HTML page with the figures' SVG inline.
 std::string render_html(const Document& document);
 
+//! The blocks alone as HTML elements (what render_html puts in the page after the title), for a
+//! page that brings its own frame (`harness site`).
+std::string render_html_blocks(const Document& document);
+
+//! The stylesheet of render_html's pages.
+const char* document_style();
+
 //! Inline text as HTML: escaped, with `code` and **bold** turned into elements.
 std::string inline_html(const std::string& text);
 

@@ -71,6 +71,12 @@ std::string string_at(const nlohmann::json& env, const std::string& key) {
 
 }  // namespace
 
+std::map<std::string, std::string> json_leaves(const nlohmann::json& value) {
+  std::map<std::string, std::string> out;
+  flatten(value, "", out);
+  return out;
+}
+
 std::vector<JsonChange> diff_json(const nlohmann::json& a, const nlohmann::json& b) {
   std::map<std::string, std::string> left, right;
   flatten(a, "", left);

@@ -2,6 +2,7 @@
 // What changed between two JSON documents (env fingerprints, specs): every leaf whose value
 // differs, by dotted path, and for fingerprints the toolchain component it belongs to.
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,10 @@ struct JsonChange {
   std::string before;
   std::string after;
 };
+
+//! Every leaf of a JSON document by dotted path ("env_vars.OMP_NUM_THREADS"), strings as they are,
+//! other values as JSON text; objects are walked, arrays are leaves.
+std::map<std::string, std::string> json_leaves(const nlohmann::json& value);
 
 //! Leaves of `a` and `b` that differ, in path order; objects are walked, arrays compared whole.
 std::vector<JsonChange> diff_json(const nlohmann::json& a, const nlohmann::json& b);

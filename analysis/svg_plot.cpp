@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "core/printer.h"
+
 namespace harness::analysis {
 namespace {
 
@@ -18,6 +20,7 @@ constexpr double kTop = 44.0;      // title
 constexpr double kBottom = 58.0;   // x tick labels and the x label
 constexpr double kCharWidth = 6.6; // average width of a 12 px sans-serif character
 constexpr int kMaxTicks = 8;
+constexpr size_t kMaxCategoryLabels = 8;
 
 // Tableau 10: distinguishable, and still apart for the common colour-vision deficiencies.
 const char* const kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
@@ -104,6 +107,23 @@ std::string truncate(const std::string& text, size_t max_bytes) {
   size_t cut = max_bytes - 1;
   while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
   return text.substr(0, cut) + "…";
+}
+
+// A marker centred at (x, y); `radius` is the dot's (a ring is 1.5 times wider, a cross spans 1.5 radii).
+std::string marker_svg(Marker marker, double x, double y, const std::string& color, double radius) {
+  switch (marker) {
+    case Marker::kCircle:
+      return fmt::format(R"(<circle cx="{}" cy="{}" r="{}" fill="{}"/>)", num(x), num(y), num(radius), color) + "\n";
+    case Marker::kHollowCircle:
+      return fmt::format(R"(<circle cx="{}" cy="{}" r="{}" fill="none" stroke="{}" stroke-width="1.5"/>)", num(x), num(y),
+                         num(1.5 * radius), color) + "\n";
+    case Marker::kCross: {
+      const double h = 1.5 * radius;
+      return fmt::format(R"(<path d="M{0},{1} L{2},{3} M{0},{3} L{2},{1}" stroke="{4}" stroke-width="2.5"/>)", num(x - h),
+                         num(y - h), num(x + h), num(y + h), color) + "\n";
+    }
+  }
+  return "";
 }
 
 }  // namespace
@@ -229,6 +249,10 @@ std::string render_svg(const Plot& plot) {
     return svg.str();
   }
 
+  svg << fmt::format(R"(<g class="axis-y" data-low="{}" data-high="{}" data-log="{}" data-pixel-low="{}" data-pixel-high="{}"/>)",
+                     format_exact(y_axis.low), format_exact(y_axis.high), y_axis.log ? 1 : 0, format_exact(y_axis.pixel_low),
+                     format_exact(y_axis.pixel_high))
+      << '\n';
   // Grid and y ticks.
   for (double tick : y_axis.ticks) {
     if (tick < y_axis.low * (1 - 1e-9) - 1e-12 || tick > y_axis.high * (1 + 1e-9) + 1e-12) continue;
@@ -240,10 +264,12 @@ std::string render_svg(const Plot& plot) {
                        xml_escape(tick_label(tick, plot.y_unit)))
         << '\n';
   }
-  // x ticks.
+  // x ticks; of many categories every `stride`-th is labelled, the last one always.
+  const size_t stride = categorical ? (plot.categories.size() + kMaxCategoryLabels - 1) / kMaxCategoryLabels : 1;
   for (size_t i = 0; i < x_axis.ticks.size(); ++i) {
     const double tick = x_axis.ticks[i];
     if (tick < x_axis.low || tick > x_axis.high) continue;
+    if (stride > 1 && i % stride != 0 && i + 1 != x_axis.ticks.size()) continue;
     const double x = x_axis.to_pixel(tick);
     const std::string label = categorical ? truncate(plot.categories[i], 22) : tick_label(tick, plot.x_unit);
     svg << fmt::format(R"(<line x1="{0}" y1="{1}" x2="{0}" y2="{2}" stroke="#333333"/>)", num(x), num(bottom),
@@ -264,9 +290,20 @@ std::string render_svg(const Plot& plot) {
                      num((top + bottom) / 2.0), xml_escape(plot.y_label + (y_axis.log ? " (log scale)" : "")))
       << '\n';
 
+  // Marks: behind the series, above the grid.
+  for (const auto& mark : plot.x_marks) {
+    if (!std::isfinite(mark.x) || mark.x < x_axis.low || mark.x > x_axis.high || (x_axis.log && mark.x <= 0)) continue;
+    const double x = x_axis.to_pixel(mark.x);
+    svg << fmt::format(R"(<g class="mark"><title>{0}</title><line x1="{1}" y1="{2}" x2="{1}" y2="{3}" stroke="#888888" )"
+                       R"(stroke-width="1.5" stroke-dasharray="4 3"/><text x="{4}" y="{5}" font-size="10" fill="#555555">{6}</text></g>)",
+                       xml_escape(mark.tip.empty() ? mark.label : mark.tip), num(x), num(top), num(bottom), num(x + 3),
+                       num(top + 10), xml_escape(truncate(mark.label, 16)))
+        << '\n';
+  }
+
   // Series. Categorical charts spread the series of one category side by side.
   const double series_count = static_cast<double>(plot.series.size());
-  const double dodge = categorical ? std::min(0.6 / std::max(1.0, series_count), 0.18) : 0.0;
+  const double dodge = categorical && plot.dodge ? std::min(0.6 / std::max(1.0, series_count), 0.18) : 0.0;
   auto drawable = [&](double x, double y) {
     return std::isfinite(x) && std::isfinite(y) && (!x_axis.log || x > 0) && (!y_axis.log || y > 0);
   };
@@ -279,10 +316,24 @@ std::string render_svg(const Plot& plot) {
       if (drawable(p.x, p.y)) points.push_back(p);
     std::sort(points.begin(), points.end(), [](const auto& a, const auto& b) { return a.x < b.x; });
     svg << "<g>\n";
-    if (s.line && !categorical && points.size() > 1) {
+    if (s.band) {
+      // The band: along the highs left to right, back along the lows.
+      std::string forward, backward;
+      for (const auto& p : points) {
+        if (!p.low || !p.high || !drawable(p.x, *p.low) || !drawable(p.x, *p.high)) continue;
+        const double x = x_axis.to_pixel(p.x + offset);
+        forward += num(x) + "," + num(y_axis.to_pixel(*p.high)) + " ";
+        backward = num(x) + "," + num(y_axis.to_pixel(*p.low)) + " " + backward;
+      }
+      if (!forward.empty())
+        svg << fmt::format(R"(<polygon class="band" points="{}" fill="{}" fill-opacity="0.18" stroke="none"/>)",
+                           forward + backward.substr(0, backward.size() - 1), color)
+            << '\n';
+    }
+    if (s.line && (!categorical || s.band) && points.size() > 1) {
       std::string coordinates;
       for (const auto& p : points)
-        coordinates += num(x_axis.to_pixel(p.x)) + "," + num(y_axis.to_pixel(p.y)) + " ";
+        coordinates += num(x_axis.to_pixel(p.x + offset)) + "," + num(y_axis.to_pixel(p.y)) + " ";
       coordinates.pop_back();
       svg << fmt::format(R"(<polyline points="{}" fill="none" stroke="{}" stroke-width="2"{}/>)", coordinates, color,
                          s.dashed ? R"( stroke-dasharray="6 4")" : "")
@@ -290,7 +341,10 @@ std::string render_svg(const Plot& plot) {
     }
     for (const auto& p : points) {
       const double x = x_axis.to_pixel(p.x + offset), y = y_axis.to_pixel(p.y);
-      if (p.low && p.high && drawable(p.x, *p.low) && drawable(p.x, *p.high) && *p.high > *p.low) {
+      if (!p.tip.empty())
+        svg << fmt::format(R"(<g class="point" data-y="{}" data-key="{}"><title>{}</title>)", format_exact(p.y),
+                           xml_escape(p.key), xml_escape(p.tip));
+      if (!s.band && p.low && p.high && drawable(p.x, *p.low) && drawable(p.x, *p.high) && *p.high > *p.low) {
         const double y_low = y_axis.to_pixel(*p.low), y_high = y_axis.to_pixel(*p.high);
         svg << fmt::format(R"(<line x1="{0}" y1="{1}" x2="{0}" y2="{2}" stroke="{3}" stroke-width="1.5"/>)", num(x),
                            num(y_low), num(y_high), color)
@@ -300,21 +354,8 @@ std::string render_svg(const Plot& plot) {
                              num(x - 4), num(x + 4), num(cap), color)
               << '\n';
       }
-      switch (s.marker) {
-        case Marker::kCircle:
-          svg << fmt::format(R"(<circle cx="{}" cy="{}" r="4" fill="{}"/>)", num(x), num(y), color) << '\n';
-          break;
-        case Marker::kHollowCircle:
-          svg << fmt::format(R"(<circle cx="{}" cy="{}" r="6" fill="none" stroke="{}" stroke-width="1.5"/>)",
-                             num(x), num(y), color)
-              << '\n';
-          break;
-        case Marker::kCross:
-          svg << fmt::format(R"(<path d="M{0},{1} L{2},{3} M{0},{3} L{2},{1}" stroke="{4}" stroke-width="2.5"/>)",
-                             num(x - 6), num(y - 6), num(x + 6), num(y + 6), color)
-              << '\n';
-          break;
-      }
+      svg << marker_svg(s.marker, x, y, color, s.band ? 3.0 : 4.0);
+      if (!p.tip.empty()) svg << "</g>\n";
     }
     svg << "</g>\n";
   }
@@ -324,28 +365,13 @@ std::string render_svg(const Plot& plot) {
   const double legend_x = plot_right + 14.0;
   for (const auto& s : plot.series) {
     const std::string color = series_color(s.color);
-    if (s.line && !categorical) {
+    if (s.line && (!categorical || s.band)) {
       svg << fmt::format(R"(<line x1="{0}" y1="{2}" x2="{1}" y2="{2}" stroke="{3}" stroke-width="2"{4}/>)",
                          num(legend_x), num(legend_x + 22), num(legend_y), color,
                          s.dashed ? R"( stroke-dasharray="6 4")" : "")
           << '\n';
     }
-    const double mx = legend_x + 11.0;
-    switch (s.marker) {
-      case Marker::kCircle:
-        svg << fmt::format(R"(<circle cx="{}" cy="{}" r="4" fill="{}"/>)", num(mx), num(legend_y), color) << '\n';
-        break;
-      case Marker::kHollowCircle:
-        svg << fmt::format(R"(<circle cx="{}" cy="{}" r="6" fill="none" stroke="{}" stroke-width="1.5"/>)", num(mx),
-                           num(legend_y), color)
-            << '\n';
-        break;
-      case Marker::kCross:
-        svg << fmt::format(R"(<path d="M{0},{1} L{2},{3} M{0},{3} L{2},{1}" stroke="{4}" stroke-width="2.5"/>)",
-                           num(mx - 5), num(legend_y - 5), num(mx + 5), num(legend_y + 5), color)
-            << '\n';
-        break;
-    }
+    svg << marker_svg(s.marker, legend_x + 11.0, legend_y, color, 4.0);
     svg << fmt::format(R"(<text x="{}" y="{}">{}</text>)", num(legend_x + 28), num(legend_y + 4),
                        xml_escape(truncate(s.label, 34)))
         << '\n';

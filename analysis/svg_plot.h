@@ -18,10 +18,19 @@ enum class Marker { kCircle, kHollowCircle, kCross };
 
 //! One point; `low`/`high` draw a whisker (min–max spread or a confidence interval).
 struct PlotPoint {
+  PlotPoint() = default;
+  PlotPoint(double x_value, double y_value, std::optional<double> low_value = std::nullopt,
+            std::optional<double> high_value = std::nullopt)
+      : x(x_value), y(y_value), low(low_value), high(high_value) {}
+
   double x = 0.0;
   double y = 0.0;
   std::optional<double> low;
   std::optional<double> high;
+  //! Hover text (an SVG <title>); with it the marker is a `<g class="point" data-y="..." data-key="...">`
+  //! whose data-y is y exactly, so a page can be checked against the numbers it plots.
+  std::string tip;
+  std::string key;  //!< data-key: what the point is (the site writes "run|variant|point")
 };
 
 //! A named set of points drawn in one colour.
@@ -32,6 +41,16 @@ struct PlotSeries {
   bool line = true;      //!< join the points (numeric x only)
   bool dashed = false;   //!< dashed line (predictions)
   Marker marker = Marker::kCircle;
+  //! The points' low..high drawn as a shaded band joining them (numeric x, or categories in
+  //! order) instead of a whisker per point: the noise of a metric over a history.
+  bool band = false;
+};
+
+//! A dashed vertical line across the plot at x (an env change in a history), labelled at its top.
+struct PlotMark {
+  double x = 0.0;
+  std::string label;  //!< a few characters; the line's hover text says more
+  std::string tip;
 };
 
 //! A chart. With `categories`, x of each point is the index of its category.
@@ -46,9 +65,15 @@ struct Plot {
   Scale x_scale = Scale::kAuto;
   Scale y_scale = Scale::kAuto;
   std::vector<PlotSeries> series;
+  std::vector<PlotMark> x_marks;
+  //! Categorical charts set the series of one category side by side; false draws them at the
+  //! category itself (a history, where a marker series rings points of another).
+  bool dodge = true;
 };
 
-//! The chart as a standalone SVG document.
+//! The chart as a standalone SVG document. With many categories only every n-th is labelled
+//! (at most 8 labels). The y axis's mapping is written on an empty `<g class="axis-y">` (data-low,
+//! data-high, data-log, data-pixel-low, data-pixel-high) for checks of where points were drawn.
 std::string render_svg(const Plot& plot);
 
 //! Colour `index` of the palette ("#1f77b4", ...), cycling.

@@ -24,6 +24,20 @@ void print_table(std::ostream& out, const Table& table);
 //! Writes the JSON document, indented, followed by a newline.
 void print_json(std::ostream& out, const nlohmann::json& value);
 
+//! The formats of `--format`: a table for people, or the export forms (docs/RUNNING.md, "Exports").
+enum class Format { kText, kJson, kCsv, kMarkdown };
+//! "text", "json", "csv", "md" as --format takes them; UsageError naming the choices otherwise.
+Format parse_format(const std::string& name);
+//! CSV (RFC 4180): a header row, then one row per line ending in CRLF; a cell holding a comma, a
+//! quote, a CR or LF, or leading or trailing spaces is quoted, its quotes doubled.
+void print_csv(std::ostream& out, const Table& table);
+//! A Markdown (GFM) table: `|` in a cell escaped, a line break in a cell written as a space.
+void print_markdown_table(std::ostream& out, const Table& table);
+//! One Markdown table cell: what print_markdown_table writes for `text`.
+std::string markdown_cell(const std::string& text);
+//! The shortest text that reads back as the same double ("0.1", "1e+20", "nan", "inf").
+std::string format_exact(double value);
+
 //! "0.313 ms" / "12.4 s": milliseconds with three significant digits.
 std::string format_ms(double ms);
 //! A metric value formatted by its unit (bytes, ms, or a plain number).

