@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """What ptxas made of the Hopper kernels, checked on the machine without a GPU.
 
-Session 8 found the ping-pong forward 17% slower than planned on the H200 because ptxas had put
-the wait for P V above the softmax (the warpgroup overlapped nothing with itself), which no test
-could see: results stay right. This test compiles kernels/cuda/attention_launch.cu for sm_90a as
+ptxas can undo a kernel's schedule without changing its results: it once put the ping-pong
+forward's wait for P V above the softmax (the warpgroup then overlapped nothing with itself, 17%
+slower on the H200), which no correctness test sees. This test compiles kernels/cuda/attention_launch.cu for sm_90a as
 the build does, disassembles it and checks:
   1. ptxas reports no "Potential Performance Loss" (wgmma serialized) for any kernel, and the
      forward wgmma kernels spill nothing;
@@ -14,16 +14,23 @@ the build does, disassembles it and checks:
      (masked and unmasked turns);
   3. the check of 2 rejects the sequential wgmma_m128_n128 forward (it must be able to fail);
   4. the atomic-dQ backward (head dims 64 and 128) spills nothing and keeps the next step's S^T in
-     flight while it finishes dK and dQ (`WARPGROUP.DEPBAR.LE gsb0, 0x1` in its loop; session 9:
-     -5% causal backward time);
+     flight while it finishes dK and dQ (`WARPGROUP.DEPBAR.LE gsb0, 0x1` in its loop; 5% of the
+     causal backward's time);
   5. every wgmma forward issues the wgmma of one product with its descriptors in uniform registers:
-     no `R2UR` between two of them (session 11: built per wgmma and moved with R2UR, they were a
-     third of the dflash forward's inner loop); and the check rejects the deterministic wgmma
+     no `R2UR` between two of them (built per wgmma and moved with R2UR, they were a third of the
+     dflash forward's inner loop); and the check rejects the deterministic wgmma
      backward, which still builds its descriptors that way.
-Usage: kernel_sass_test.py NVCC SOURCE_ROOT [PYTHON]. cuobjdump comes from the CUDA toolkit or,
-where the toolkit has none (Debian's machine here), from the triton wheel torch depends on, found
-through PYTHON. Exit 77 (skipped) with the reason when neither exists.
+Usage: kernel_sass_test.py NVCC SOURCE_ROOT [PYTHON] [--save DIR | --against DIR]. cuobjdump comes
+from the CUDA toolkit or, where the toolkit has none (Debian's machine here), from the triton wheel
+torch depends on, found through PYTHON. Exit 77 (skipped) with the reason when neither exists.
+--save DIR writes each kernel's SASS (addresses and encodings dropped) to DIR, one file per kernel
+named by its demangled name, instead of checking; --against DIR compares this tree's kernels with
+such a folder (saved from another commit) and prints, per saved kernel, whether this tree has a
+kernel with the same instructions: a refactoring that must not change the device code shows every
+kernel "identical" (exit 1 otherwise).
 """
+import difflib
+import hashlib
 import os
 import re
 import subprocess
@@ -104,43 +111,119 @@ def r2ur_between_wgmma(instructions):
     return count
 
 
-def main():
-    if len(sys.argv) < 3:
-        print(__doc__)
-        return 2
-    nvcc, root = sys.argv[1], sys.argv[2]
-    python = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else sys.executable
-    cuobjdump, looked = find_cuobjdump(nvcc, python)
-    if not cuobjdump:
-        print("SKIP: no cuobjdump (looked at " + ", ".join(looked) + ")")
-        return SKIP
-    failures = []
+def disassemble(nvcc, root, cuobjdump):
+    """Compiles the kernels for sm_90a as the build does; returns ({mangled name: [instruction, ...]},
+    ptxas -v output), or raises RuntimeError with the tool's output."""
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "attention_launch.cubin")
         compile_cmd = [nvcc, "-I" + root, "-O2", "-DNDEBUG", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a",
                        "-cubin", "-Xptxas", "-v", "-o", cubin, os.path.join(root, "kernels", "cuda", "attention_launch.cu")]
         built = subprocess.run(compile_cmd, capture_output=True, text=True, timeout=900)
         if built.returncode != 0:
-            print(built.stderr[-4000:])
-            print("FAIL: nvcc exit", built.returncode)
-            return 1
-        # ptxas -v: "Compiling entry function 'NAME'" ... "N bytes spill stores, M bytes spill loads"
-        current = None
-        for line in built.stderr.splitlines():
-            if "Potential Performance Loss" in line:
-                failures.append("ptxas: " + line.strip())
-            m = re.search(r"Compiling entry function '(\S+)'", line)
-            if m:
-                current = m.group(1)
-            m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
-            if m and current and any(k in current for k in SPILL_CHECKED) and (m.group(1) != "0" or m.group(2) != "0"):
-                failures.append(f"{current}: spills ({line.strip()})")
+            raise RuntimeError(built.stderr[-4000:] + f"\nnvcc exit {built.returncode}")
         sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, timeout=300)
         if sass.returncode != 0:
-            print(sass.stderr[-2000:])
-            print("FAIL: cuobjdump exit", sass.returncode)
-            return 1
-    kernels = functions(sass.stdout)
+            raise RuntimeError(sass.stderr[-2000:] + f"\ncuobjdump exit {sass.returncode}")
+    return functions(sass.stdout), built.stderr
+
+
+def demangled(names):
+    """{mangled: demangled} through c++filt (the mangled name where it is missing)."""
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, timeout=60).stdout
+        lines = out.splitlines()
+        if len(lines) == len(names):
+            return dict(zip(names, lines))
+    except OSError:
+        pass
+    return {n: n for n in names}
+
+
+def save(kernels, folder):
+    """Each kernel's instructions to folder/<sha1 of its name>.sass, and index.tsv: file, demangled name."""
+    os.makedirs(folder, exist_ok=True)
+    names = demangled(sorted(kernels))
+    with open(os.path.join(folder, "index.tsv"), "w") as index:
+        for mangled, name in sorted(names.items(), key=lambda item: item[1]):
+            file = hashlib.sha1(mangled.encode()).hexdigest()[:16] + ".sass"
+            with open(os.path.join(folder, file), "w") as out:
+                out.write("\n".join(kernels[mangled]) + "\n")
+            index.write(f"{file}\t{name}\n")
+    print(f"saved the SASS of {len(kernels)} kernels to {folder}")
+    return 0
+
+
+def compare(kernels, folder):
+    """Per kernel saved in `folder`: a kernel of this tree with the same instructions (identical, under
+    whatever name), else the kernel of the same name and how many instructions differ, else gone."""
+    saved = []
+    with open(os.path.join(folder, "index.tsv")) as index:
+        for line in index:
+            file, name = line.rstrip("\n").split("\t", 1)
+            with open(os.path.join(folder, file)) as text:
+                saved.append((name, text.read().splitlines()))
+    names = demangled(sorted(kernels))
+    by_code = {}
+    for mangled, instructions in kernels.items():
+        by_code.setdefault(tuple(instructions), []).append(names[mangled])
+    changed = gone = 0
+    for name, instructions in saved:
+        same = by_code.get(tuple(instructions))
+        if same:
+            print(f"identical  {name}" + ("" if name in same else f"  (now {same[0]})"))
+            continue
+        changed += 1
+        if name not in names.values():
+            gone += 1
+            print(f"GONE       {name} (no kernel of this name or these instructions)")
+            continue
+        ours = kernels[next(m for m, n in names.items() if n == name)]
+        diff = sum(1 for d in difflib.ndiff(instructions, ours) if d[:1] in "+-")
+        print(f"DIFFERENT  {name}: {len(instructions)} -> {len(ours)} instructions, {diff} lines differ")
+    print(f"{len(saved) - changed} of {len(saved)} saved kernels identical, {changed - gone} changed, {gone} gone; "
+          f"{len(kernels)} kernels in this tree")
+    return 1 if changed else 0
+
+
+def main():
+    args, options, argv = [], {}, sys.argv[1:]
+    while argv:
+        word = argv.pop(0)
+        if word in ("--save", "--against") and argv:
+            options[word] = argv.pop(0)
+        else:
+            args.append(word)
+    if len(args) < 2 or len(options) > 1:
+        print(__doc__)
+        return 2
+    nvcc, root = args[0], args[1]
+    python = args[2] if len(args) > 2 and args[2] else sys.executable
+    cuobjdump, looked = find_cuobjdump(nvcc, python)
+    if not cuobjdump:
+        print("SKIP: no cuobjdump (looked at " + ", ".join(looked) + ")")
+        return SKIP
+    try:
+        kernels, ptxas_log = disassemble(nvcc, root, cuobjdump)
+    except RuntimeError as error:
+        print(error)
+        print("FAIL: could not build or disassemble the kernels")
+        return 1
+    if "--save" in options:
+        return save(kernels, options["--save"])
+    if "--against" in options:
+        return compare(kernels, options["--against"])
+    failures = []
+    # ptxas -v: "Compiling entry function 'NAME'" ... "N bytes spill stores, M bytes spill loads"
+    current = None
+    for line in ptxas_log.splitlines():
+        if "Potential Performance Loss" in line:
+            failures.append("ptxas: " + line.strip())
+        m = re.search(r"Compiling entry function '(\S+)'", line)
+        if m:
+            current = m.group(1)
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and current and any(k in current for k in SPILL_CHECKED) and (m.group(1) != "0" or m.group(2) != "0"):
+            failures.append(f"{current}: spills ({line.strip()})")
     fwd = {n: ins for n, ins in kernels.items() if "attention_fwd_wgmma_kernel" in n}
     sequential = {n: ins for n, ins in fwd.items() if re.search(r"FwdWgmmaConfigILi\d+ELi128ELi2ELi\d+ELi1ELb0E", n)}
     print(f"{len(kernels)} kernels disassembled, {len(fwd)} wgmma forwards")

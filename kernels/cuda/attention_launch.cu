@@ -19,6 +19,7 @@
 #include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/bwd_kernels.cuh"
+#include "kernels/cuda/bwd_prep_kernel.cuh"
 #include "kernels/cuda/bwd_wgmma_atomic_kernel.cuh"
 #include "kernels/cuda/bwd_wgmma_kernels.cuh"
 #include "kernels/cuda/cuda_check.h"

@@ -1,9 +1,6 @@
 #pragma once
-// Backward kernels (device code only). Three launches, no atomics:
-//   prep:     per query row (b, h, q) of a padded length q_pad: (lse * log2e, delta = rowsum(dO * O)),
-//             and per query position its mask predicate (QueryMaskRow); padded rows see nothing.
-//             For the atomic backward (bwd_wgmma_atomic_kernel.cuh) it also zeroes the row's fp32
-//             dQ accumulator.
+// Backward kernels, mma.sync generation (device code only). Three launches, no atomics:
+//   prep:     bwd_prep_kernel.cuh: per query row (lse * log2e, delta) and mask rows.
 //   schedule: schedule_kernel.cuh ranks the dK/dV and dQ work items longest first.
 //   main:     one launch whose CTAs are either
 //     dK/dV:  one kv block of one kv head; K and V stay resident while the CTA loops over every
@@ -24,107 +21,11 @@
 #include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/fwd_kernel.cuh"
+#include "kernels/cuda/kernel_common.cuh"
 #include "kernels/cuda/mask_device.cuh"
 #include "kernels/cuda/tile_math.cuh"
 
 namespace harness::kernels::cuda::device {
-
-//! Where the backward's internal buffers live inside BwdParams::scratch (see the launcher).
-struct BwdScratch {
-  float2* row_stats = nullptr;          //!< [B, H, q_pad]: (lse * log2e, delta)
-  QueryMaskRow* mask_rows = nullptr;    //!< [q_pad]
-  WorkItem* schedule = nullptr;         //!< one per CTA of the main launch
-  unsigned char* key_bits = nullptr;    //!< the dK/dV partial steps' mask bits (mask_bits.cuh)
-  uint64_t* row_bits = nullptr;         //!< the dQ partial steps' mask bits (the forward's format)
-  int32_t q_pad = 0;                    //!< q_len rounded up to 128 (every tiling's padded rows)
-  float* dq_accum = nullptr;            //!< wgmma_atomic only: [B, H, q_pad, D] fp32 dQ sums (unscaled)
-  //! wgmma_atomic with split kv blocks only (tiling::bwd_atomic_dkdv_splits): [2][B, KVH, kv_pad, D]
-  //! fp32 dK (unscaled), then dV sums; null otherwise.
-  float* dkdv_accum = nullptr;
-  int32_t kv_pad = 0;        //!< rows of one (batch, kv head) in dkdv_accum: kv blocks * 128
-  int32_t dkdv_splits = 1;   //!< wgmma_atomic's CTAs per (kv block, kv head, batch)
-};
-
-//! log2-scaled LSE for recomputing P = 2^(S*scale*log2e - lse2). Rows that saw nothing have
-//! lse = -inf; mapping them to +inf makes every recomputed P exactly 0 (finite gradients, no NaN).
-__device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
-
-template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads)
-    attention_bwd_prep_kernel(const __grid_constant__ BwdParams p, const BwdScratch scratch) {
-  constexpr int kPerRow = Cfg::kThreadsPerRow;
-  const int64_t rows_total = static_cast<int64_t>(p.shape.batch) * p.shape.heads * scratch.q_pad;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * Cfg::kRowsPerCta + threadIdx.x / kPerRow;
-  const int chunk = static_cast<int>(threadIdx.x) % kPerRow;
-  const int q = static_cast<int>(row % scratch.q_pad);
-  const int head = static_cast<int>((row / scratch.q_pad) % p.shape.heads);
-  const int batch = static_cast<int>(row / (static_cast<int64_t>(scratch.q_pad) * p.shape.heads));
-  const bool real = row < rows_total && q < p.shape.q_len;
-  // Launched programmatically (attention_launch.cu): the kernel ahead, whatever it is, may have
-  // written dO or still read the memory this kernel writes, so wait for it first.
-  grid_dependency_wait();
-  if (scratch.dq_accum != nullptr && row < rows_total) {
-    // wgmma_atomic: zero this row's chunk of the fp32 dQ accumulator (same rows, kHeadDim floats
-    // each), in place of a memset launch; the stores need nothing loaded, so they go out first.
-    float4* accum = reinterpret_cast<float4*>(scratch.dq_accum + row * Cfg::kHeadDim + chunk * 8);
-    accum[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-    accum[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  if (scratch.dkdv_accum != nullptr) {
-    // Split wgmma_atomic: zero the dK/dV accumulators too, strided over the whole grid (they are
-    // far smaller than dQ's: 2 * KVH * kv_pad rows against H * q_pad).
-    const int64_t chunks = 2ll * p.shape.batch * p.shape.kv_heads * scratch.kv_pad * Cfg::kHeadDim / 4;
-    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    float4* accum = reinterpret_cast<float4*>(scratch.dkdv_accum);
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks; i += stride) {
-      accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
-  float sum = 0.f;
-  if (real) {
-    const uint4 o = load_once_16(row_pointer(p.o, batch, head, q) + chunk * 8);
-    const uint4 d = load_once_16(row_pointer(p.dout, batch, head, q) + chunk * 8);
-    const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&o);
-    const __nv_bfloat162* d2 = reinterpret_cast<const __nv_bfloat162*>(&d);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 of = __bfloat1622float2(o2[i]);
-      const float2 df = __bfloat1622float2(d2[i]);
-      sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
-    }
-  }
-#pragma unroll
-  for (int offset = kPerRow / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (chunk != 0 || row >= rows_total) return;
-  const float lse2 = real ? lse_log2(p.lse[(static_cast<int64_t>(batch) * p.shape.heads + head) * p.shape.q_len + q]) : INFINITY;
-  scratch.row_stats[row] = make_float2(lse2, sum);
-  if (batch == 0 && head == 0) {
-    QueryMaskRow mask_row{};
-    mask_row.mask = query_mask(p.mask, q);  // q >= q_len: sees nothing
-    scratch.mask_rows[q] = mask_row;
-  }
-}
-
-//! A dQ tile's row info for this thread's two rows (from the prep kernel): mask, lse2, delta.
-//! The (lse2, delta) part alone (a dQ CTA's next head pack: the same queries, so the same masks).
-__device__ __forceinline__ void load_row_stats(const BwdParams& p, const BwdScratch& scratch, const PackedRows& rows, int batch,
-                                               const int (&my_row)[2], float (&row_lse2)[2], float (&row_delta)[2]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int q = rows.query(my_row[i]);  // < q_pad: padded rows have "nothing visible" entries
-    const float2 stats =
-        scratch.row_stats[(static_cast<int64_t>(batch) * p.shape.heads + rows.head(my_row[i])) * scratch.q_pad + q];
-    row_lse2[i] = stats.x;
-    row_delta[i] = stats.y;
-  }
-}
-__device__ __forceinline__ void load_row_info(const BwdParams& p, const BwdScratch& scratch, const PackedRows& rows, int batch,
-                                              const int (&my_row)[2], QueryMask (&row_mask)[2], float (&row_lse2)[2],
-                                              float (&row_delta)[2]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) row_mask[i] = scratch.mask_rows[rows.query(my_row[i])].mask;
-  load_row_stats(p, scratch, rows, batch, my_row, row_lse2, row_delta);
-}
 
 //! dK/dV of one kv block of one kv head (see the file comment).
 template <class Cfg>

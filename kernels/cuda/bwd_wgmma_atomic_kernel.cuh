@@ -38,46 +38,18 @@
 
 #include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/attention_params.h"
-#include "kernels/cuda/bwd_kernels.cuh"
+#include "kernels/cuda/bwd_prep_kernel.cuh"
 #include "kernels/cuda/bwd_wgmma_kernels.cuh"
 #include "kernels/cuda/device_utils.cuh"
-#include "kernels/cuda/fwd_kernel.cuh"
 #include "kernels/cuda/hopper_utils.cuh"
+#include "kernels/cuda/kernel_common.cuh"
 #include "kernels/cuda/mask_bits.cuh"
 #include "kernels/cuda/mask_device.cuh"
 #include "kernels/cuda/tile_math.cuh"
 #include "kernels/cuda/wgmma_ops.cuh"
+#include "kernels/cuda/wgmma_tiles.cuh"
 
 namespace harness::kernels::cuda::device {
-
-//! Byte offset of fp32 column `col` within row `row` of a dQ tile or accumulator (kHeadDim floats a
-//! row): 16-byte chunk c of row r sits at chunk c ^ (2 (r % 4) + (r / 4) % 2). store_f32_rows' 64-bit
-//! stores run as two phases of 16 lanes, each 4 rows x 2 adjacent chunks (2k, 2k + 1); the swizzle
-//! puts those 4 rows' pairs on 4 different pairs of the 8 chunks a 128-byte bank line holds, so a
-//! phase is one wavefront. (Session 19: the earlier c ^ (r % 8) put rows r and r ^ 1 on the same
-//! pair, two wavefronts a phase, which Nsight Compute counted as 9% excess shared wavefronts of the
-//! causal backward.) The reduction is elementwise and the convert kernel reads through this
-//! function, so the accumulator carries the same swizzle.
-__device__ __forceinline__ uint32_t dq_column_offset(int row, int col) {
-  const int swizzle = ((row & 3) << 1) | ((row >> 2) & 1);
-  return static_cast<uint32_t>((((col >> 2) ^ swizzle) << 4) + (col & 3) * 4);
-}
-
-//! Stores a warp's share of a consumer's fp32 accumulator (columns col0.. of its 16 rows from
-//! `row`, as wgmma lays them out) into a chunk-swizzled tile of kHeadDim floats a row.
-template <int kHeadDim, int kColumns>
-__device__ __forceinline__ void store_f32_rows(uint32_t tile, const float (&acc)[kColumns / 8][4], int row, int col0, int lane) {
-#pragma unroll
-  for (int j = 0; j < kColumns / 8; ++j) {
-    const int col = col0 + j * 8 + (lane & 3) * 2;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(tile + (row + 8 * i) * kHeadDim * 4 + dq_column_offset(row + 8 * i, col)),
-                   "f"(acc[j][2 * i]), "f"(acc[j][2 * i + 1])
-                   : "memory");
-    }
-  }
-}
 
 //! wgmma_atomic's fp32 dV accumulator (split kv blocks): after dK's [B, KVH, kv_pad, D] floats.
 __device__ __forceinline__ float* dv_accumulator(const BwdParams& p, const BwdScratch& scratch, int head_dim) {
@@ -98,18 +70,6 @@ __device__ __forceinline__ void convert_accumulator_row(const float* accum_row, 
   out.w = pack_bf16(b.z * factor, b.w * factor);
   *reinterpret_cast<uint4*>(const_cast<__nv_bfloat16*>(dst) + col) = out;
 }
-
-//! Adds `bytes` of fp32 from shared memory to global memory elementwise (asynchronous, in the
-//! calling thread's bulk group).
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
-               "r"(bytes)
-               : "memory");
-}
-//! Waits until every committed bulk operation of this thread has finished reading shared memory.
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-//! Waits until every committed bulk operation of this thread has completed.
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 //! Barrier id of the two consumer warpgroups together (1 and 2 are each one's own).
 constexpr int kConsumersBarrier = 3;

@@ -22,14 +22,15 @@
 
 #include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/attention_params.h"
-#include "kernels/cuda/bwd_kernels.cuh"
+#include "kernels/cuda/bwd_prep_kernel.cuh"
 #include "kernels/cuda/device_utils.cuh"
-#include "kernels/cuda/fwd_kernel.cuh"
 #include "kernels/cuda/hopper_utils.cuh"
+#include "kernels/cuda/kernel_common.cuh"
 #include "kernels/cuda/mask_bits.cuh"
 #include "kernels/cuda/mask_device.cuh"
 #include "kernels/cuda/tile_math.cuh"
 #include "kernels/cuda/wgmma_ops.cuh"
+#include "kernels/cuda/wgmma_tiles.cuh"
 
 namespace harness::kernels::cuda::device {
 
@@ -43,83 +44,6 @@ struct BwdTensorMaps {
   CUtensorMap k_dq, v_dq;         //!< boxes of the dQ step's kBlockN keys
   CUtensorMap dq;                 //!< boxes of one consumer's 64 rows
 };
-
-//! Bulk (non-tensor) global -> shared copy of `bytes` (multiple of 16, both ends 16-byte aligned).
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
-//! The barriers of either tile kind: one for the resident tiles, two "full" per stage (the
-//! stage's two operands arrive separately) and one "empty" per stage.
-template <int kStages>
-struct BwdBarriers {
-  uint32_t base;
-  __device__ __forceinline__ uint32_t resident() const { return base; }
-  __device__ __forceinline__ uint32_t first(int stage) const { return base + 8u * (1 + stage); }
-  __device__ __forceinline__ uint32_t second(int stage) const { return base + 8u * (1 + kStages + stage); }
-  __device__ __forceinline__ uint32_t empty(int stage) const { return base + 8u * (1 + 2 * kStages + stage); }
-};
-
-//! acc (64 key rows x kRows) = X Y^T, issued (not committed): X = 64 resident rows (K or V) at
-//! `keys` within a tile of kKeys rows, Y = kRows staged rows (Q or dO) at `rows`; both stored as
-//! kHeadDim / 64 halves of 128-byte swizzled rows, the halves kKeys (kRows) rows apart. The dQ tile
-//! uses it the other way round: X = a consumer's 64 Q (dO) rows, Y = a stage's keys (S, dP).
-template <int kHeadDim, int kKeys, int kRows>
-__device__ __forceinline__ void keys_times_rows(float (&acc)[kRows / 8][4], uint32_t keys, uint32_t rows) {
-#pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    const uint32_t k_offset = (kk % 4) * 32;
-    wgmma_ss<kRows, false>(acc, smem_descriptor(keys + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
-                           smem_descriptor(rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
-  }
-}
-
-//! acc (64 rows x kHeadDim) += A B, issued (not committed): A = the kRows columns of register
-//! fragments `a` (P^T, dS^T or dS), B = kRows staged rows at `rows` (dO, Q or K: kHeadDim wide, N-major,
-//! the halves kRows rows apart).
-template <int kHeadDim, int kRows>
-__device__ __forceinline__ void fragments_times_rows(float (&acc)[kHeadDim / 8][4], const uint32_t (&a)[kRows / 16][4],
-                                                     uint32_t rows) {
-#pragma unroll
-  for (int kk = 0; kk < kRows / 16; ++kk) {
-    wgmma_rs<kHeadDim, true>(acc, a[kk], smem_descriptor(rows + kk * 16 * 128, kRows * 128, 1024), true);
-  }
-}
-
-//! Stores a consumer's fp32 accumulator (64 rows x kHeadDim, times `factor`) as bf16 into rows
-//! row0.. of a swizzled tile of `tile_rows` rows (see hopper_utils.cuh), then one thread of the
-//! warpgroup TMA-stores those 64 rows at (row coordinate, head, batch) of `map`.
-template <int kHeadDim>
-__device__ __forceinline__ void store_consumer_rows(const float (&acc)[kHeadDim / 8][4], float factor, uint32_t tile,
-                                                    int tile_rows, int row0, int consumer, const CUtensorMap* map,
-                                                    int row_coord, int head_coord, int batch, bool wait_read = true) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int first = row0 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16 + (lane >> 2);
-#pragma unroll
-  for (int j = 0; j < kHeadDim / 8; ++j) {
-    const int col = j * 8 + (lane & 3) * 2;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint32_t packed = pack_bf16(acc[j][2 * i] * factor, acc[j][2 * i + 1] * factor);
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(tile + swizzled_offset(tile_rows, first + 8 * i, col)), "r"(packed)
-                   : "memory");
-    }
-  }
-  fence_async_shared();
-  named_barrier_sync(1 + consumer, 128);
-  if ((threadIdx.x & 127) == 0) {
-#pragma unroll
-    for (int half = 0; half < kHeadDim / 64; ++half) {
-      tma_store_4d(map, tile + half * tile_rows * 128 + row0 * 128, half * 64, row_coord, head_coord, batch);
-    }
-    tma_store_commit();
-    // Before the CTA may exit or the rows be written again. A caller that does neither may skip
-    // it: a later wait covers every store this thread committed.
-    if (wait_read) tma_store_wait_read();
-  }
-}
 
 // ---- dK / dV ------------------------------------------------------------------------------------
 

@@ -12,20 +12,11 @@
 #include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/kernel_common.cuh"
 #include "kernels/cuda/mask_device.cuh"
 #include "kernels/cuda/tile_math.cuh"
 
 namespace harness::kernels::cuda::device {
-
-//! Which (head, query position) each MMA row of a packed tile is: rows [j*block_m, (j+1)*block_m)
-//! are head head0 + j. block_m is a power of two (checked by the launcher), so these are shifts.
-struct PackedRows {
-  int block_m_shift;
-  int head0;
-  int q0;
-  __device__ __forceinline__ int head(int row) const { return head0 + (row >> block_m_shift); }
-  __device__ __forceinline__ int query(int row) const { return q0 + (row & ((1 << block_m_shift) - 1)); }
-};
 
 //! What a forward CTA computes: work item (q block, head pack + batch) of the longest-first
 //! schedule, as the packed rows of a tile of `tile_rows` rows.
@@ -41,56 +32,6 @@ __device__ __forceinline__ FwdWork fwd_work(const FwdParams& p, WorkItem work, i
   const int num_packs = p.shape.heads / heads_packed;
   const PackedRows rows{__ffs(block_m) - 1, (work.copy % num_packs) * heads_packed, work.block * block_m};
   return {work.block, work.copy / num_packs, rows, rows.head0 / (p.shape.heads / p.shape.kv_heads)};
-}
-
-//! The blocks one CTA visits, in order: the partial ones (mask evaluated per element), then the
-//! full ones (no mask work), from one row (kv blocks of a q block) or one column (q blocks of a kv
-//! block) of a BlockMask.
-struct VisitList {
-  int num_partial;
-  int count;
-  const int32_t* partial;
-  const int32_t* full;
-  //! The block of visit `step`; 0 past the end (callers prefetch one or more steps ahead).
-  __device__ __forceinline__ int at(int step) const {
-    return step >= count ? 0 : step < num_partial ? __ldg(partial + step) : __ldg(full + step - num_partial);
-  }
-};
-//! The kv list of a q block whose counts are known (read once by another thread and handed over).
-__device__ __forceinline__ VisitList kv_blocks_of(const BlockListParams& b, int q_block, int num_partial, int count) {
-  const int64_t row = static_cast<int64_t>(q_block) * b.num_kv_blocks;
-  return {num_partial, count, b.kv_indices + row, b.full_kv_indices + row};
-}
-__device__ __forceinline__ VisitList kv_blocks_of(const BlockListParams& b, int q_block) {
-  const int partial = __ldg(b.kv_num_blocks + q_block);
-  return kv_blocks_of(b, q_block, partial, partial + __ldg(b.full_kv_num_blocks + q_block));
-}
-__device__ __forceinline__ VisitList q_blocks_of(const BlockListParams& b, int kv_block) {
-  const int partial = __ldg(b.q_num_blocks + kv_block);
-  const int64_t column = static_cast<int64_t>(kv_block) * b.num_q_blocks;
-  return {partial, partial + __ldg(b.full_q_num_blocks + kv_block), b.q_indices + column, b.full_q_indices + column};
-}
-
-//! End of the forward for this thread's two rows: quad-reduces the row sums, writes each real
-//! row's LSE, and gives 1 / sum (0 for a row that saw nothing) to normalize O with.
-__device__ __forceinline__ void finish_rows(const FwdParams& p, const PackedRows& rows, int batch, const int (&my_row)[2],
-                                            const float (&row_max)[2], const float (&row_sum)[2], float scale_log2,
-                                            float (&inv_sum)[2]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float sum = quad_sum(row_sum[i]);
-    inv_sum[i] = sum > 0.f ? 1.f / sum : 0.f;
-    const int q = rows.query(my_row[i]);
-    if ((threadIdx.x & 3) == 0 && q < p.shape.q_len) {
-      p.lse[(static_cast<int64_t>(batch) * p.shape.heads + rows.head(my_row[i])) * p.shape.q_len + q] =
-          row_lse(row_max[i], sum, scale_log2);
-    }
-  }
-}
-
-__device__ __forceinline__ const __nv_bfloat16* row_pointer(const TensorRef& t, int batch, int head, int row) {
-  return static_cast<const __nv_bfloat16*>(t.data) + batch * t.stride_batch + head * t.stride_head +
-         static_cast<int64_t>(row) * t.stride_row;
 }
 
 //! cp.async of the K and V tiles of one kv block (kBlockN keys from kv0 of one kv head) into
