@@ -7,8 +7,8 @@ slower on the H200), which no correctness test sees. This test compiles kernels/
 the build does, disassembles it and checks:
   1. ptxas reports no "Potential Performance Loss" (wgmma serialized) for any kernel, and the
      forward wgmma kernels spill nothing;
-  2. in every overlapped forward (the ping-pong wgmma_m128_n128_pingpong, its 2-stage persistent
-     variant, its 64-key variant and the one-consumer wgmma_m64_n64_overlap, head dims 64 and 128), each turn of its loops waits for S alone
+  2. in every overlapped forward (the ping-pong wgmma_m128_n128_pingpong and the one-consumer
+     wgmma_m64_n64_overlap, head dims 64 and 128), each turn of its loops waits for S alone
      (`WARPGROUP.DEPBAR.LE gsb0, 0x1`), then runs every exp of the softmax (kBlockN / 2 MUFU.EX2
      per thread), and only then waits for P V (`gsb0, 0x0`); and that there are two such loops
      (masked and unmasked turns);
@@ -41,9 +41,7 @@ SKIP = 77
 # The overlapped forwards, by the mangled FwdWgmmaConfig<D, kBlockN, kConsumers, kStages, kMinBlocksPerSm,
 # kOverlap = true>, with their keys per tile (kBlockN / 2 scores, so exps, per thread and turn).
 OVERLAPPED = {"ping-pong": (r"FwdWgmmaConfigILi\d+ELi128ELi2ELi3ELi1ELb1E", 128),
-              "ping-pong 2-stage": (r"FwdWgmmaConfigILi\d+ELi128ELi2ELi2ELi1ELb1E", 128),
-              "m64_n64_overlap": (r"FwdWgmmaConfigILi\d+ELi64ELi1ELi\d+ELi2ELb1E", 64),
-              "ping-pong n64": (r"FwdWgmmaConfigILi\d+ELi64ELi2ELi3ELi1ELb1E", 64)}
+              "m64_n64_overlap": (r"FwdWgmmaConfigILi\d+ELi64ELi1ELi\d+ELi2ELb1E", 64)}
 SPILL_CHECKED = ("attention_fwd_wgmma_kernel", "attention_bwd_atomic_kernel")  # kernels that must not spill
 
 

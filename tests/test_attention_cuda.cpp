@@ -605,7 +605,6 @@ TEST_CASE("a forward kernel's description is its configuration's", "[attention]"
       const std::string text = kc::describe_fwd_config(shape, kernel);
       INFO(text);
       CHECK(text.rfind(std::string("fwd ") + kc::fwd_kernel_name(kernel) + ":", 0) == 0);
-      CHECK(text.find("EXPERIMENTAL") == std::string::npos);
     }
   }
   shape.head_dim = 128;
@@ -622,9 +621,6 @@ TEST_CASE("a forward kernel's description is its configuration's", "[attention]"
   CHECK(overlap.find("kv head by kv head") == std::string::npos);
   CHECK(kc::describe_fwd_config(shape, kc::FwdKernel::wgmma_m64_n64_overlap_kv_major).find(", kv head by kv head") !=
         std::string::npos);
-  for (kc::FwdKernel kernel : kc::kExperimentalFwdKernels) {
-    CHECK(kc::describe_fwd_config(shape, kernel).find("(EXPERIMENTAL)") != std::string::npos);
-  }
 }
 
 #else  // built without the CUDA kernels

@@ -5,7 +5,6 @@
 // accumulator stays in registers (mma.sync m16n8k16) and P / dS feed the next MMA straight from
 // registers without a shared-memory round trip.
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -13,7 +12,9 @@
 namespace harness::kernels::cuda {
 
 //! The forward kernels, the autotuner's candidates. Names (fwd_kernel_name) are what the dispatch
-//! trace and the tuning cache store.
+//! trace and the tuning cache store. Times: H200, B1 H32 KV8 D128 bf16 unless said otherwise,
+//! "dflash-N" = the dflash mask with N anchors over a context of 8192 in 4 documents, "causal-128"
+//! = causal at Q 2048, KV 10240 (harness_attention_selftest, kernels alone, L2 flushed).
 enum class FwdKernel : int32_t {
   mma_m128_n64 = 0,     //!< mma.sync + ldmatrix + cp.async, 8 warps x 16 rows, 64-key tiles (fwd_kernel.cuh)
   wgmma_m128_n128 = 1,  //!< TMA + wgmma, warp-specialized, 2 consumer warpgroups, 128-key tiles (fwd_wgmma_kernel.cuh)
@@ -22,48 +23,33 @@ enum class FwdKernel : int32_t {
   //! wgmma_m128_n128 in FlashAttention-3's schedule: P V of the previous step issued with S of
   //! this one (the softmax runs while P V is on the tensor cores), the two consumer warpgroups
   //! taking turns to issue their MMAs (ping-pong), a 3-deep K/V ring (a stage is held from S_j to
-  //! P_j V_j, one turn longer). H200, causal 128 anchors: 0.49-0.51 ms against 0.52 (session 8);
-  //! 0.470-0.483 with the lazy rescale (session 11, self-test), 0.464 in the bench (666 TFLOP/s).
+  //! P_j V_j, one turn longer). The fastest forward on near-dense masks: causal-128 0.470-0.483 ms
+  //! against wgmma_m128_n128's 0.52.
   wgmma_m128_n128_pingpong = 4,
   //! wgmma_m64_n64 (1 consumer warpgroup, 2 CTAs per SM) in the same overlapped schedule without
   //! turns: S of step j and P V of step j - 1 issued together, the softmax of S_j while P V runs;
-  //! K and V released apart, so a 2-deep ring holds. H200, session 10 (final kernels, self-test):
-  //! as fast as wgmma_m64_n64 on dflash (the other CTA on the SM already fills the softmax gaps),
-  //! 4% faster on causal 128 anchors (0.595 ms against 0.620) and in the autotuner's timings of
-  //! sliding_window-8k and document_causal-8k (0.321 / 0.330 against 0.332 / 0.341). With the lazy
-  //! rescale (session 11) 0.370 ms at dflash 512 anchors against wgmma_m128_n64's 0.374, and the
-  //! autotuner's pick on dflash 512, document_causal-8k and sliding_window-8k.
+  //! K and V released apart, so a 2-deep ring holds. As fast as wgmma_m64_n64 on dflash (the other
+  //! CTA on the SM already fills the softmax gaps), 4% faster on causal-128 (0.595 ms against 0.620)
+  //! and on the 8k sliding-window and document masks; 0.370 ms at dflash-512 against
+  //! wgmma_m128_n64's 0.374.
   wgmma_m64_n64_overlap = 5,
-  //! wgmma_m128_n128_pingpong with a 2-deep K/V ring (enough now that K and V are released apart)
-  //! and so room for an O tile of its own and two Q buffers, hence persistent CTAs. Experimental:
-  //! correct (self-test), but slower than the 3-stage ping-pong where that one is picked (H200,
-  //! session 11, call 7: causal 128 anchors 0.516 ms against 0.483; dflash 512 0.418 against 0.435,
-  //! where wgmma_m64_n64_overlap takes 0.370).
-  wgmma_m128_n128_pingpong_persistent = 6,
-  //! The ping-pong on 64-key tiles (3-deep ring, O tile, two Q buffers, persistent), for the short
-  //! KV lists of dflash and document masks. Experimental: correct, no faster than the kernels the
-  //! autotuner picks there (H200, session 11, call 7: dflash 512 anchors 0.373 ms against
-  //! wgmma_m64_n64_overlap's 0.370; causal 128 anchors 0.601 against the ping-pong's 0.483).
-  wgmma_m128_n64_pingpong = 7,
   //! wgmma_m64_n64_overlap on 128-key tiles: half the steps per item, so half the per-step
   //! barriers, waits and row reductions, for head_dim 64 where those weigh most against the
-  //! products (2 CTAs per SM there; 1 at head_dim 128, where the K/V ring needs 128 KB).
-  //! A candidate since session 18: correct (self-test, `[cuda]` cases) and at head_dim 64 the
-  //! fastest forward the self-test timed on dflash 512 anchors (H200: 0.262 ms against the
-  //! ping-pong's 0.264 and wgmma_m64_n64_overlap's 0.269).
-  wgmma_m64_n128_overlap = 8,
+  //! products (2 CTAs per SM there; 1 at head_dim 128, where the K/V ring needs 128 KB). At
+  //! head_dim 64 the fastest forward on dflash-512 (0.262 ms against the ping-pong's 0.264 and
+  //! wgmma_m64_n64_overlap's 0.269).
+  wgmma_m64_n128_overlap = 6,
   //! wgmma_m64_n64_overlap, wgmma_m128_n128_pingpong and wgmma_m64_n128_overlap with their CTA
   //! table kv head by kv head (ScheduleOrder::kv_head): the CTAs running at once read one kv
-  //! head's K/V instead of all of them, at the cost of a launch that no longer ends on the cheapest items of every head. H200,
-  //! session 18 (Nsight Compute, kernel µs, batch order -> kv head order): the overlapped forward
-  //! dflash-512 311.5 -> 298.9, dflash-512-hd64 235.0 -> 228.9, but dflash-128 82.4 -> 90.1; the
-  //! ping-pong document_causal-8k 283.6 -> 275.1, sliding_window-8k 289.3 -> 281.0, but dflash-512
-  //! 328.3 -> 349.3 and causal-128 461.9 -> 461.8. Neither order wins everywhere, so both are
-  //! candidates and the autotuner picks (fair bench, session 18: the kv-major twins picked on
-  //! dflash-512, dflash-512-hd64 and document_causal-8k, the batch order on dflash-128).
-  wgmma_m64_n64_overlap_kv_major = 9,
-  wgmma_m128_n128_pingpong_kv_major = 10,
-  wgmma_m64_n128_overlap_kv_major = 11,
+  //! head's K/V instead of all of them, at the cost of a launch that no longer ends on the
+  //! cheapest items of every head. Neither order wins everywhere (Nsight Compute, kernel µs, batch
+  //! order -> kv head order: the overlapped forward dflash-512 311.5 -> 298.9, dflash-512 at
+  //! head_dim 64 235.0 -> 228.9, but dflash-128 82.4 -> 90.1; the ping-pong document_causal-8k
+  //! 283.6 -> 275.1, sliding_window-8k 289.3 -> 281.0, but dflash-512 328.3 -> 349.3), so both are
+  //! candidates and the autotuner picks.
+  wgmma_m64_n64_overlap_kv_major = 7,
+  wgmma_m128_n128_pingpong_kv_major = 8,
+  wgmma_m64_n128_overlap_kv_major = 9,
 };
 
 //! The order of a launch's CTA table (schedule_kernel.cuh), longest first within each group:
@@ -83,7 +69,7 @@ constexpr FwdKernel fwd_kernel_base(FwdKernel kernel) {
 }
 
 //! The schedule order a forward kernel runs with (the backwards run `batch`: the kv head order
-//! measured 1-31% slower on every backward, H200 session 18).
+//! measured 1-31% slower on every backward, H200).
 constexpr ScheduleOrder fwd_kernel_schedule_order(FwdKernel kernel) {
   return fwd_kernel_base(kernel) != kernel ? ScheduleOrder::kv_head : ScheduleOrder::batch;
 }
@@ -113,8 +99,6 @@ constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
     case FwdKernel::wgmma_m64_n64: return {64, 64};
     case FwdKernel::wgmma_m128_n128_pingpong: return {128, 128};
     case FwdKernel::wgmma_m64_n64_overlap: return {64, 64};
-    case FwdKernel::wgmma_m128_n128_pingpong_persistent: return {128, 128};
-    case FwdKernel::wgmma_m128_n64_pingpong: return {128, 64};
     case FwdKernel::wgmma_m64_n128_overlap: return {64, 128};
     case FwdKernel::wgmma_m64_n64_overlap_kv_major:
     case FwdKernel::wgmma_m128_n128_pingpong_kv_major:
@@ -128,7 +112,6 @@ constexpr FwdKernelTiling fwd_kernel_tiling(FwdKernel kernel) {
 constexpr bool fwd_kernel_reads_mask_bits(FwdKernel kernel) {
   const FwdKernel base = fwd_kernel_base(kernel);
   return base == FwdKernel::wgmma_m128_n128_pingpong || base == FwdKernel::wgmma_m64_n64_overlap ||
-         base == FwdKernel::wgmma_m128_n128_pingpong_persistent || base == FwdKernel::wgmma_m128_n64_pingpong ||
          base == FwdKernel::wgmma_m64_n128_overlap;
 }
 //! The names the dispatch trace, the tuning cache and CudaKernelChoice use.
@@ -140,8 +123,6 @@ constexpr const char* fwd_kernel_label(FwdKernel kernel) {
     case FwdKernel::wgmma_m64_n64: return "wgmma_m64_n64";
     case FwdKernel::wgmma_m128_n128_pingpong: return "wgmma_m128_n128_pingpong";
     case FwdKernel::wgmma_m64_n64_overlap: return "wgmma_m64_n64_overlap";
-    case FwdKernel::wgmma_m128_n128_pingpong_persistent: return "wgmma_m128_n128_pingpong_persistent";
-    case FwdKernel::wgmma_m128_n64_pingpong: return "wgmma_m128_n64_pingpong";
     case FwdKernel::wgmma_m64_n128_overlap: return "wgmma_m64_n128_overlap";
     case FwdKernel::wgmma_m64_n64_overlap_kv_major: return "wgmma_m64_n64_overlap_kv_major";
     case FwdKernel::wgmma_m128_n128_pingpong_kv_major: return "wgmma_m128_n128_pingpong_kv_major";
@@ -159,12 +140,6 @@ constexpr FwdKernel kFwdKernels[] = {FwdKernel::wgmma_m128_n128, FwdKernel::wgmm
 //! 0.520 ms against 0.595 / 0.613 / 1.313 for the others) and within 22% of the best on dflash
 //! (0.135 ms against wgmma_m64_n64's 0.111 at 128 anchors), which the autotuner picks there.
 constexpr FwdKernel kDefaultFwdKernel = kFwdKernels[0];
-//! Forward kernels that exist but are no candidates yet (`harness_attention_selftest
-//! --experimental` checks and times them). The ping-pong kernel was one until it ran correctly
-//! and, at causal 128 anchors, faster than wgmma_m128_n128 (H200, session 8).
-constexpr std::array<FwdKernel, 2> kExperimentalFwdKernels{FwdKernel::wgmma_m128_n128_pingpong_persistent,
-                                                           FwdKernel::wgmma_m128_n64_pingpong};
-
 constexpr const char* bwd_kernel_label(BwdKernel kernel) {
   switch (kernel) {
     case BwdKernel::mma: return "mma";
@@ -251,19 +226,18 @@ struct FwdWgmmaConfig {
   //! Whether a persistent CTA may give O a tile of its own and Q a second buffer (kSmemBytes +
   //! 2 kQBytes): then the next work item's Q loads while this one still runs (into the buffer the
   //! item before freed), not behind this one's last product. Only at one CTA per SM (at two the
-  //! other CTA runs meanwhile anyway), where it fits: the 3-stage 128 x 128 ping-pong has no room
-  //! for it. The launcher decides (own_o). The second Q buffer (session 11) measured no faster than
-  //! loading Q during the epilogue (H200, call 1: dflash 512 anchors wgmma_m128_n64 0.374 ms both)
-  //! and is kept: it takes the Q load off the path between two items at no cost in shared memory
-  //! that any kernel uses otherwise.
+  //! other CTA runs meanwhile anyway), where it fits: the 3-stage 128 x 128 ping-pong at head_dim
+  //! 128 has no room for it. The launcher decides (own_o). The second Q buffer measured no faster
+  //! than loading Q during the epilogue (H200, dflash-512, wgmma_m128_n64: 0.374 ms both) and is
+  //! kept: it takes the Q load off the path between two items at no cost in shared memory that any
+  //! kernel uses otherwise.
   static constexpr bool kOwnO = kMinBlocksPerSm == 1 && kSmemBytes + 2 * kQBytes + 1024 <= 228 * 1024;
   //! Whether the launch is persistent by default (one CTA per SM slot, each taking work items from
-  //! a counter) rather than one CTA per work item. H200, session 10 (harness_attention_selftest,
-  //! one run): persistent is faster for every kernel but the ping-pong (dflash 512 anchors
-  //! wgmma_m128_n64 0.395 -> 0.372 ms, wgmma_m128_n128 0.460 -> 0.439; causal 128 anchors
-  //! wgmma_m128_n128 0.526 -> 0.514), which has no room for an O tile of its own at 3 stages, so
-  //! reloads Q after each item's epilogue: causal 0.496 -> 0.519 ms persistent. The ping-pongs with
-  //! an O tile (2 stages at 128 keys, 3 at 64) are persistent (experimental).
+  //! a counter) rather than one CTA per work item. Persistent is faster for every kernel but the
+  //! ping-pong (H200: dflash-512 wgmma_m128_n64 0.395 -> 0.372 ms, wgmma_m128_n128 0.460 -> 0.439;
+  //! causal-128 wgmma_m128_n128 0.526 -> 0.514), which at head_dim 128 has no room for an O tile
+  //! of its own, so reloads Q after each item's epilogue: causal-128 0.496 -> 0.519 ms persistent.
+  //! A ping-pong with room for the O tile (head_dim 64) is persistent.
   static constexpr bool kPersistent = !(kOverlap && kConsumers == 2) || kOwnO;
   //! setmaxnreg budgets (multiples of 8): the producer's one thread needs a few dozen registers;
   //! the consumers hold O (kHeadDim / 2 fp32), S (kBlockN / 2 fp32) and P (kBlockN / 4) per

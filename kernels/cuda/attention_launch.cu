@@ -422,12 +422,6 @@ bool with_wgmma_fwd_config(FwdKernel kernel, F&& f) {
     case FwdKernel::wgmma_m64_n64_overlap:
       f(WgmmaFwd<FwdKernel::wgmma_m64_n64_overlap, FwdWgmmaConfig<kHeadDim, 64, 1, 2, 2, true>>{});
       return true;
-    case FwdKernel::wgmma_m128_n128_pingpong_persistent:
-      f(WgmmaFwd<FwdKernel::wgmma_m128_n128_pingpong_persistent, FwdWgmmaConfig<kHeadDim, 128, 2, 2, 1, true>>{});
-      return true;
-    case FwdKernel::wgmma_m128_n64_pingpong:
-      f(WgmmaFwd<FwdKernel::wgmma_m128_n64_pingpong, FwdWgmmaConfig<kHeadDim, 64, 2, 3, 1, true>>{});
-      return true;
     case FwdKernel::wgmma_m64_n128_overlap:
       f(WgmmaFwd<FwdKernel::wgmma_m64_n128_overlap, FwdWgmmaConfig<kHeadDim, 128, 1, 2, kHeadDim == 64 ? 2 : 1, true>>{});
       return true;
@@ -683,9 +677,7 @@ std::string describe_fwd_config(const AttentionShape& shape, FwdKernel kernel) {
     with_wgmma_fwd_config<128>(kernel, describe);
   }
   if (fwd_kernel_schedule_order(kernel) == ScheduleOrder::kv_head) text += ", kv head by kv head";
-  const bool experimental = std::find(kExperimentalFwdKernels.begin(), kExperimentalFwdKernels.end(), kernel) !=
-                            kExperimentalFwdKernels.end();
-  return experimental ? text + " (EXPERIMENTAL)" : text;
+  return text;
 }
 
 std::string describe_bwd_config(const AttentionShape& shape, BwdKernel kernel) {

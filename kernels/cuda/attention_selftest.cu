@@ -8,11 +8,10 @@
 //
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I. kernels/cuda/attention_selftest.cu
 //        kernels/cuda/attention_launch.cu -o attention_selftest      (one command line)
-//   ./attention_selftest [--quick | --small | --tiny] [--only TEXT] [--experimental] [--log FILE]
+//   ./attention_selftest [--quick | --small | --tiny] [--only TEXT] [--log FILE]
 // --quick skips the two larger real-dims cases, --small every real-dims case (for
 // compute-sanitizer), --tiny runs the first small case only, --only the cases whose name contains
-// TEXT (e.g. "REAL causal", to profile one case's kernels under Nsight Compute). --experimental
-// also checks and times the kernels of kExperimentalFwdKernels (not autotuner candidates yet).
+// TEXT (e.g. "REAL causal", to profile one case's kernels under Nsight Compute).
 // Exit status 0 only when every check passes.
 
 #include <cuda_bf16.h>
@@ -540,7 +539,7 @@ struct Case {
   DeviceBuffer<unsigned char> fwd_scratch, bwd_scratch;
   DeviceBuffer<int32_t> d_anchors, d_doc;
   HostBlocks dq_blocks_host, dkdv_blocks_host;
-  // One BlockMask per forward tiling of the candidates and the experimental kernels (fwd_blocks_of).
+  // One BlockMask per forward tiling of the candidates (fwd_blocks_of).
   std::vector<FwdBlocks> fwd_blocks;
   DeviceBlocks* dq_blocks = nullptr;
   DeviceBlocks* dkdv_blocks = nullptr;
@@ -596,8 +595,7 @@ void setup(Case& c, uint64_t seed) {
   AttentionShape shape{pr.batch, pr.heads, pr.kv_heads, m.q_len, m.kv_len, pr.head_dim};
   const TileShape qt = bwd_dq_tile_shape(shape);
   const TileShape bt = bwd_dkdv_tile_shape(shape);
-  std::vector<FwdKernel> every_fwd(fwd_kernels().begin(), fwd_kernels().end());
-  every_fwd.insert(every_fwd.end(), kExperimentalFwdKernels.begin(), kExperimentalFwdKernels.end());
+  const std::vector<FwdKernel>& every_fwd = fwd_kernels();
   for (FwdKernel kernel : every_fwd) {
     const FwdKernelTiling tiling = fwd_kernel_tiling(kernel);
     if (std::any_of(c.fwd_blocks.begin(), c.fwd_blocks.end(), [&](const FwdBlocks& b) { return same_tiling(b.tiling, tiling); })) {
@@ -757,13 +755,6 @@ Errors compare_lse(const std::vector<float>& ours, const std::vector<float>& ref
 }
 
 int g_failures = 0;
-bool g_experimental = false;
-
-//! Points c.fwd at experimental forward kernel `kernel` and the BlockMask of its tiling.
-void use_experimental_fwd_kernel(Case& c, FwdKernel kernel) {
-  c.fwd.kernel = kernel;
-  c.fwd.blocks = c.fwd_blocks_of(kernel).device->params;
-}
 
 bool check(const char* what, const char* against, const Errors& e, double tol) {
   const bool ok = e.nonfinite == 0 && e.rel_l2 <= tol;
@@ -796,7 +787,7 @@ struct BwdTiming {
   double bwd_ms = 0, prep_dkdv_dq_ms[3] = {0, 0, 0};
 };
 struct Timing {
-  std::vector<double> fwd_ms;  //!< per forward kernel, fwd_kernels() order, then the experimental ones (--experimental)
+  std::vector<double> fwd_ms;  //!< per forward kernel, fwd_kernels() order
   std::vector<BwdTiming> bwd;  //!< per backward kernel, bwd_kernels() order
 };
 
@@ -828,12 +819,6 @@ Timing time_case(Case& c, int reps) {
   for (size_t i = 0; i < fwd_kernels().size(); ++i) {
     use_fwd_kernel(c, i);
     t.fwd_ms.push_back(time_one([&] { run_attention_fwd(c.fwd, nullptr); }));
-  }
-  if (g_experimental) {
-    for (FwdKernel kernel : kExperimentalFwdKernels) {
-      use_experimental_fwd_kernel(c, kernel);
-      t.fwd_ms.push_back(time_one([&] { run_attention_fwd(c.fwd, nullptr); }));
-    }
   }
   use_fwd_kernel(c, default_fwd_index(c));
   for (BwdKernel kernel : bwd_kernels()) {
@@ -885,7 +870,6 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--small")) small = true;
     if (!std::strcmp(argv[i], "--tiny")) tiny = true;
     if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-    if (!std::strcmp(argv[i], "--experimental")) g_experimental = true;
     if (!std::strcmp(argv[i], "--log") && i + 1 < argc) g_log = std::fopen(argv[++i], "w");
   }
   try {
@@ -1061,18 +1045,6 @@ int main(int argc, char** argv) {
         use_fwd_kernel(c, i);
         check_launch_modes();
       }
-      if (g_experimental) {
-        for (FwdKernel kernel : kExperimentalFwdKernels) {
-          poison(c);
-          use_experimental_fwd_kernel(c, kernel);
-          run_attention_fwd(c.fwd, nullptr);
-          HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
-          say("    [%s forward, experimental]\n", fwd_kernel_name(kernel));
-          check_forward(bf16_to_float(c.d_o.download()), c.d_lse.download(), ref, "gpu", 1e-2);
-          if (pr.cpu_check) check_forward(bf16_to_float(c.d_o.download()), c.d_lse.download(), cpu, "cpu", 1e-2);
-          check_launch_modes();
-        }
-      }
       use_fwd_kernel(c, default_fwd_index(c));
       if (pr.cpu_check) {
         say("    (reference check: gpu fp32 reference vs float64 cpu)\n");
@@ -1094,7 +1066,7 @@ int main(int argc, char** argv) {
     say("| case | forward kernel | fwd ms | fwd TFLOP/s |\n|---|---|---|---|\n");
     for (const Row& r : table) {
       for (size_t i = 0; i < r.t.fwd_ms.size(); ++i) {
-        const FwdKernel kernel = i < fwd_kernels().size() ? fwd_kernels()[i] : kExperimentalFwdKernels[i - fwd_kernels().size()];
+        const FwdKernel kernel = fwd_kernels()[i];
         say("| %s | %s | %.3f | %.0f |\n", r.name.c_str(), fwd_kernel_name(kernel), r.t.fwd_ms[i], r.fwd_tflops[i]);
       }
     }
