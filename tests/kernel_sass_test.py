@@ -151,6 +151,25 @@ def save(kernels, folder):
     return 0
 
 
+def where_different(before, after):
+    """Which of `before`'s instructions `after` changes, branch and call targets aside (code that
+    moves shifts them): their index range, and whether all of it lies past the producer
+    warpgroup's register release (USETMAXREG.DEALLOC: ptxas puts the producer's code last)."""
+    def masked(ins):
+        return re.sub(r"0x[0-9a-f]+", "ADDR", ins) if re.match(r"(@!?U?P\d+ )?(BRA|BSSY|CALL\.REL|BRX|JMP)", ins) else ins
+    a, b = [masked(i) for i in before], [masked(i) for i in after]
+    changed = [(i1, i2) for tag, i1, i2, _, _ in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+               if tag != "equal"]
+    if not changed:
+        return "only branch and call targets differ"
+    first, last = changed[0][0], changed[-1][1]
+    release = [i for i, ins in enumerate(before) if ins.startswith("USETMAXREG.DEALLOC")]
+    text = f"{sum(i2 - i1 for i1, i2 in changed)} instructions of {len(before)} differ, all within [{first}, {last})"
+    if len(release) == 1 and first > release[0]:
+        text += f": the producer warpgroup's code (past its register release at {release[0]})"
+    return text
+
+
 def compare(kernels, folder):
     """Per kernel saved in `folder`: a kernel of this tree with the same instructions (identical, under
     whatever name), else the kernel of the same name and how many instructions differ, else gone."""
@@ -176,8 +195,7 @@ def compare(kernels, folder):
             print(f"GONE       {name} (no kernel of this name or these instructions)")
             continue
         ours = kernels[next(m for m, n in names.items() if n == name)]
-        diff = sum(1 for d in difflib.ndiff(instructions, ours) if d[:1] in "+-")
-        print(f"DIFFERENT  {name}: {len(instructions)} -> {len(ours)} instructions, {diff} lines differ")
+        print(f"DIFFERENT  {name}: {len(instructions)} -> {len(ours)} instructions; {where_different(instructions, ours)}")
     print(f"{len(saved) - changed} of {len(saved)} saved kernels identical, {changed - gone} changed, {gone} gone; "
           f"{len(kernels)} kernels in this tree")
     return 1 if changed else 0

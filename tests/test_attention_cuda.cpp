@@ -623,6 +623,67 @@ TEST_CASE("a forward kernel's description is its configuration's", "[attention]"
         std::string::npos);
 }
 
+TEST_CASE("launch options change how the kernels run, not what they compute", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  // The CTA table's order, plain launches and the forward's CTA count only move work between CTAs
+  // and launches: every row is still summed by one thread in one order (the deterministic
+  // backward), so the results are bitwise the default's. Batch 2 and 2 kv heads, so that the three
+  // orders differ; 64 q blocks of 64 rows x 2 packs x 2 batches, more items than 3 CTAs.
+  const Case c = make_case("dflash, batch 2", 2, 8, 2, 128, 64, 2048, dflash(2));
+  MaskContext mask(c.mask);
+  at::manual_seed(8);
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({2, 8, c.mask.q_len, 128}, cuda);
+  const at::Tensor k = at::randn({2, 2, c.mask.kv_len, 128}, cuda);
+  const at::Tensor v = at::randn({2, 2, c.mask.kv_len, 128}, cuda);
+  const at::Tensor dout = at::randn({2, 8, c.mask.q_len, 128}, cuda);
+  auto run = [&](CudaKernelChoice choice, DispatchTrace* trace) {
+    choice.fwd = "wgmma_m64_n64_overlap";
+    choice.bwd = "wgmma";
+    return run_step(q, k, v, dout, [&](auto& a, auto& b, auto& d) {
+      return fused_attention_cuda(a, b, d, mask, 0.088, /*deterministic=*/true, trace, choice);
+    });
+  };
+  const Grads base = run({}, nullptr);
+  std::vector<std::pair<CudaKernelChoice, std::string>> variants;
+  for (const char* order : {"interleaved", "batch", "kv_head"}) {
+    CudaKernelChoice choice;
+    choice.schedule_order = order;
+    variants.emplace_back(choice, std::string("CTA order ") + order);
+  }
+  CudaKernelChoice plain;
+  plain.programmatic_launch = false;
+  variants.emplace_back(plain, "plain launches");
+  for (const auto& [ctas, text] : std::vector<std::pair<int, std::string>>{
+           {-1, "one CTA per work item"}, {-2, "persistent CTAs, one per SM slot"}, {3, "at most 3 persistent CTAs"}}) {
+    CudaKernelChoice choice;
+    choice.fwd_ctas = ctas;
+    variants.emplace_back(choice, text);
+  }
+  for (const auto& [choice, text] : variants) {
+    INFO(text);
+    DispatchTrace trace;
+    const Grads again = run(choice, &trace);
+    CHECK(at::equal(base.out, again.out));
+    CHECK(at::equal(base.dq, again.dq));
+    CHECK(at::equal(base.dk, again.dk));
+    CHECK(at::equal(base.dv, again.dv));
+    const auto records = trace.records();
+    REQUIRE(records.size() == 2);
+    CHECK(records[0].config.find("launch options, " + text) != std::string::npos);
+  }
+  CudaKernelChoice unknown;
+  unknown.schedule_order = "by_head";
+  std::string message;
+  try {
+    run(unknown, nullptr);
+  } catch (const std::exception& error) {
+    message = error.what();
+  }
+  INFO(message);
+  CHECK(message.find("schedule order \"by_head\"") != std::string::npos);
+}
+
 #else  // built without the CUDA kernels
 
 TEST_CASE("without CUDA kernels, fused attention on CUDA tensors is unsupported", "[cuda][attention]") {

@@ -52,10 +52,22 @@ enum class FwdKernel : int32_t {
   wgmma_m64_n128_overlap_kv_major = 9,
 };
 
-//! The order of a launch's CTA table (schedule_kernel.cuh), longest first within each group:
+//! The order of a launch's CTA table (tile_scheduler.cuh), longest first within each group:
 //! `interleaved`, each item's copies for every batch and head in turn; `batch`, batch by batch;
-//! `kv_head`, batch by batch and within a batch kv head by kv head.
-enum class ScheduleOrder : int32_t { interleaved = 0, batch = 1, kv_head = 2 };
+//! `kv_head`, batch by batch and within a batch kv head by kv head. `kernel_default` (a launch
+//! option only): the order the kernel runs with (fwd_kernel_schedule_order; the backwards `batch`).
+enum class ScheduleOrder : int32_t { kernel_default = -1, interleaved = 0, batch = 1, kv_head = 2 };
+
+//! The names of the orders (launch options, the dispatch record); "" for kernel_default.
+constexpr const char* schedule_order_label(ScheduleOrder order) {
+  switch (order) {
+    case ScheduleOrder::kernel_default: return "";
+    case ScheduleOrder::interleaved: return "interleaved";
+    case ScheduleOrder::batch: return "batch";
+    case ScheduleOrder::kv_head: return "kv_head";
+  }
+  return "unknown";
+}
 
 //! The kernel a forward candidate launches: a `_kv_major` twin's base kernel, else itself. A twin
 //! differs from its base only in its CTA table's order (and so in its kept schedule).

@@ -6,12 +6,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <iterator>
 #include <map>
 #include <mutex>
-#include <numeric>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,7 +23,7 @@
 #include "kernels/cuda/fwd_kernel.cuh"
 #include "kernels/cuda/fwd_wgmma_kernel.cuh"
 #include "kernels/cuda/mask_bits.cuh"
-#include "kernels/cuda/schedule_kernel.cuh"
+#include "kernels/cuda/tile_scheduler.cuh"
 #include "kernels/cuda/tiling.h"
 
 namespace harness::kernels::cuda {
@@ -58,40 +55,6 @@ void check_blocks(const BlockListParams& blocks, const TileShape& tile, const ch
   }
 }
 
-//! The current device's SM count, asked once per device in the process.
-int sm_count() {
-  int device = 0;
-  HARNESS_CUDA_CHECK(cudaGetDevice(&device));
-  static std::mutex mutex;
-  static std::map<int, int> counts;
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto found = counts.find(device);
-  if (found != counts.end()) return found->second;
-  int count = 0;
-  HARNESS_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  counts.emplace(device, count);
-  return count;
-}
-
-//! The grid of a wgmma forward of `items` work items at `per_sm` CTAs per SM. max_ctas (as in
-//! FwdParams): -1 = one CTA per item, 0 = persistent CTAs, one per SM slot, N > 0 = at most N
-//! persistent CTAs. A call's max_ctas of 0 means the kernel's default (`persistent` or one CTA per
-//! item) unless HARNESS_CUDA_FWD_PERSISTENT sets one for every launch: 0 (one CTA per item), 1 (one
-//! per SM slot) or grid:N (at most N, so that a test runs many items per CTA); read once.
-int64_t fwd_grid(int64_t items, int per_sm, bool persistent, int32_t max_ctas) {
-  static const std::optional<int64_t> forced = []() -> std::optional<int64_t> {
-    const char* value = std::getenv("HARNESS_CUDA_FWD_PERSISTENT");
-    const std::string text = value ? value : "";
-    if (text == "0") return -1;
-    if (text == "1") return 0;
-    if (text.rfind("grid:", 0) == 0) return std::max(1L, std::strtol(text.c_str() + 5, nullptr, 10));
-    return std::nullopt;
-  }();
-  const int64_t cap = max_ctas != 0 ? max_ctas : forced.value_or(persistent ? 0 : -1);
-  if (cap < 0) return items;
-  return std::min<int64_t>(items, cap > 0 ? cap : int64_t{sm_count()} * per_sm);
-}
-
 //! Raises a kernel's dynamic shared memory limit to at least `bytes` on the current device: the
 //! attribute sticks, so it is set only when a launch needs more than the largest set so far (a
 //! kernel launched with two sizes, like the forwards with and without an O tile of their own,
@@ -120,27 +83,18 @@ void launch_kernel(void (*kernel)(KernelParams...), const char* name, int64_t ct
   check_cuda(cudaGetLastError(), (std::string("launch of ") + name).c_str(), __func__, __FILE__, __LINE__);
 }
 
-//! Whether launch_kernel_after launches programmatically: yes unless HARNESS_CUDA_PDL=0 (read once),
-//! which makes every launch a plain one (to measure what the overlap saves, or to rule it out).
-bool programmatic_launches() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("HARNESS_CUDA_PDL");
-    return !(value && std::string(value) == "0");
-  }();
-  return enabled;
-}
-
 //! launch_kernel for a kernel that may start before the kernel ahead of it in the stream has
-//! finished (programmatic dependent launch), when `overlap` is true (and HARNESS_CUDA_PDL is not
-//! 0): its CTAs may be scheduled once every CTA of the kernel ahead has exited (none of this
-//! folder's kernels signals earlier), before that kernel's completion is signalled and its memory
-//! flushed, and wait for it with grid_dependency_wait() (device_utils.cuh) before they read its
-//! results or write what it may read. What it hides: the launch latency and the kernel's setup. The kernel must call grid_dependency_wait() in every thread that touches
+//! finished (programmatic dependent launch), when `overlap` is true (LaunchOptions::programmatic
+//! and the kernel's own reasons): its CTAs may be scheduled once every CTA of the kernel ahead has
+//! exited (none of this folder's kernels signals earlier), before that kernel's completion is
+//! signalled and its memory flushed, and wait for it with grid_dependency_wait() (device_utils.cuh)
+//! before they read its results or write what it may read. What it hides: the launch latency and
+//! the kernel's setup. The kernel must call grid_dependency_wait() in every thread that touches
 //! global memory the kernel ahead may use, and in at least one thread of every CTA.
 template <typename... KernelParams, typename... Args>
 void launch_kernel_after(bool overlap, void (*kernel)(KernelParams...), const char* name, int64_t ctas, int threads,
                          int smem_bytes, cudaStream_t stream, const Args&... args) {
-  if (!overlap || !programmatic_launches()) return launch_kernel(kernel, name, ctas, threads, smem_bytes, stream, args...);
+  if (!overlap) return launch_kernel(kernel, name, ctas, threads, smem_bytes, stream, args...);
   set_smem_limit(kernel, smem_bytes);
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -174,54 +128,6 @@ void check_scratch(const void* scratch, size_t have, size_t need, const char* wh
     throw UnsupportedConfig(std::string("fused_cuda attention: ") + what + " scratch of " + std::to_string(have) +
                             " bytes, needs " + std::to_string(need));
   }
-}
-
-//! HARNESS_SCHEDULE_ORDER (read once: interleaved, batch or kv_head) overrides every launch's
-//! schedule order, for A/B runs; HARNESS_SCHEDULE_BATCH_MAJOR=0 (session 17's knob) means
-//! `interleaved`.
-std::optional<ScheduleOrder> schedule_order_override() {
-  static const std::optional<ScheduleOrder> order = []() -> std::optional<ScheduleOrder> {
-    const char* legacy = std::getenv("HARNESS_SCHEDULE_BATCH_MAJOR");
-    if (legacy != nullptr && std::string(legacy) == "0") return ScheduleOrder::interleaved;
-    const char* env = std::getenv("HARNESS_SCHEDULE_ORDER");
-    const std::string value = env == nullptr ? "" : env;
-    if (value.empty()) return std::nullopt;
-    if (value == "interleaved") return ScheduleOrder::interleaved;
-    if (value == "batch") return ScheduleOrder::batch;
-    if (value == "kv_head") return ScheduleOrder::kv_head;
-    throw UnsupportedConfig("HARNESS_SCHEDULE_ORDER='" + value + "': expected interleaved, batch or kv_head");
-  }();
-  return order;
-}
-
-//! Writes the longest-first CTA table of two work classes (see schedule_kernel.cuh) in `order`
-//! (unless HARNESS_SCHEDULE_ORDER overrides it). Every kernel numbers a copy batch-major, then by
-//! head (pack) or kv head, so the table's groups are the outermost factor of the copies: the
-//! batch, times (kv_head order) the largest number of kv-head groups that divides every class's
-//! copies per batch (the copies of one group then cover whole kv heads' heads).
-void launch_schedule(const device::WorkClass& first, const device::WorkClass& second, const AttentionShape& shape,
-                     ScheduleOrder order, WorkItem* schedule, cudaStream_t stream) {
-  const int items = first.count + second.count;
-  const bool ranked = items <= ScheduleConfig::kMaxRankedItems;
-  const int smem = ranked ? device::schedule_smem_bytes(items) : 0;
-  int groups = 1;
-  switch (schedule_order_override().value_or(order)) {
-    case ScheduleOrder::interleaved:
-      break;
-    case ScheduleOrder::batch:
-      groups = shape.batch;
-      break;
-    case ScheduleOrder::kv_head: {
-      int per_batch = shape.kv_heads;
-      for (const device::WorkClass* c : {&first, &second}) {
-        if (c->count > 0) per_batch = std::gcd(per_batch, c->copies / shape.batch);
-      }
-      groups = shape.batch * per_batch;
-      break;
-    }
-  }
-  device::build_schedule_kernel<<<1, ScheduleConfig::kThreads, smem, stream>>>(first, second, groups, ranked, schedule);
-  HARNESS_CUDA_LAUNCH_CHECK("build_schedule_kernel");
 }
 
 // ---- Tensor maps (TMA) ----------------------------------------------------------------------------
@@ -357,7 +263,7 @@ void launch_row_bits(const MaskParams& mask, const BlockListParams& blocks, uint
 
 template <class Cfg>
 void launch_fwd_wgmma(const FwdParams& params, const TileShape& tile, const WorkItem* schedule, int64_t ctas,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const LaunchOptions& launch) {
   static_assert(Cfg::kBlockM == 64 || Cfg::kBlockM == 128, "one or two warpgroups of 64 rows");
   if (tile.rows != Cfg::kBlockM || tile.block_n != Cfg::kBlockN) {
     throw UnsupportedConfig("fused_cuda attention: forward tiling " + std::to_string(tile.rows) + "x" +
@@ -374,7 +280,7 @@ void launch_fwd_wgmma(const FwdParams& params, const TileShape& tile, const Work
   // the schedule when done with one. The kernel leaves the counter at 0, so one kept with the
   // schedule (zeroed by launch_fwd when it built the schedule) needs no memset launch; one in the
   // scratch is zeroed here.
-  const int64_t grid = fwd_grid(ctas, Cfg::kMinBlocksPerSm, Cfg::kPersistent, params.max_ctas);
+  const int64_t grid = scheduling::fwd_grid(ctas, Cfg::kMinBlocksPerSm, Cfg::kPersistent, params.max_ctas);
   int* counter = nullptr;
   if (grid < ctas) {
     counter = fwd_item_counter(params, ctas);
@@ -387,9 +293,10 @@ void launch_fwd_wgmma(const FwdParams& params, const TileShape& tile, const Work
   const bool own_o = Cfg::kOwnO && counter != nullptr;
   // Overlaps the kernel ahead (programmatic launch; the kernel waits for it before it reads or
   // writes global memory) unless that is the schedule's kernel or the counter's memset.
-  launch_kernel_after(params.schedule.built(), device::attention_fwd_wgmma_kernel<Cfg>, "attention_fwd_wgmma_kernel", grid,
-                      Cfg::kThreads, Cfg::kSmemBytes + (own_o ? 2 * Cfg::kQBytes : 0), stream, params, maps, schedule,
-                      static_cast<int>(ctas), counter, own_o, static_cast<const uint64_t*>(fwd_mask_bits(params)));
+  launch_kernel_after(params.schedule.built() && launch.programmatic, device::attention_fwd_wgmma_kernel<Cfg>,
+                      "attention_fwd_wgmma_kernel", grid, Cfg::kThreads, Cfg::kSmemBytes + (own_o ? 2 * Cfg::kQBytes : 0), stream,
+                      params, maps, schedule, static_cast<int>(ctas), counter, own_o,
+                      static_cast<const uint64_t*>(fwd_mask_bits(params)));
 }
 
 //! A wgmma forward kernel and its configuration; the tiling table the host sizes BlockMasks and
@@ -436,7 +343,7 @@ bool with_wgmma_fwd_config(FwdKernel kernel, F&& f) {
 }
 
 template <int kHeadDim>
-void launch_fwd(const FwdParams& params, cudaStream_t stream) {
+void launch_fwd(const FwdParams& params, cudaStream_t stream, const LaunchOptions& launch) {
   const TileShape tile = fwd_tile_shape(params.shape, params.kernel);
   check_blocks(params.blocks, tile, "forward");
   const int64_t ctas = tiling::fwd_ctas(params.shape.batch, params.shape.heads, params.shape.kv_heads,
@@ -444,11 +351,9 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   if (ctas == 0) return;
   check_scratch(params.scratch, params.scratch_bytes, fwd_scratch_bytes(params.shape, params.blocks, params.kernel), "forward");
   WorkItem* schedule = params.schedule.items ? params.schedule.items : static_cast<WorkItem*>(params.scratch);
-  // Cost of a q block: its kv blocks plus about one block's worth of Q load and epilogue.
-  const device::WorkClass q_blocks{params.blocks.num_q_blocks, params.blocks.kv_num_blocks, params.blocks.full_kv_num_blocks,
-                                   1, 1, static_cast<int32_t>(ctas / params.blocks.num_q_blocks)};
   if (!params.schedule.built()) {
-    launch_schedule(device::WorkClass{}, q_blocks, params.shape, fwd_kernel_schedule_order(params.kernel), schedule, stream);
+    scheduling::launch_schedule(device::WorkClass{}, scheduling::fwd_items(params.blocks, ctas), params.shape,
+                                fwd_kernel_schedule_order(params.kernel), launch.schedule_order, schedule, stream);
     // A kept schedule's counter: zeroed once, here; the persistent kernels leave it at 0.
     if (params.schedule.items) HARNESS_CUDA_CHECK(cudaMemsetAsync(fwd_item_counter(params, ctas), 0, sizeof(int), stream));
     // The partial blocks' mask bits, kept with the schedule (they depend on the mask and the
@@ -457,7 +362,7 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   }
   if (params.kernel == FwdKernel::mma_m128_n64) return launch_fwd_mma<FwdConfig<kHeadDim>>(params, schedule, ctas, stream);
   const bool launched = with_wgmma_fwd_config<kHeadDim>(params.kernel, [&](auto wgmma) {
-    launch_fwd_wgmma<typename decltype(wgmma)::Config>(params, tile, schedule, ctas, stream);
+    launch_fwd_wgmma<typename decltype(wgmma)::Config>(params, tile, schedule, ctas, stream, launch);
   });
   if (!launched) {
     throw UnsupportedConfig("fused_cuda attention: unknown forward kernel " + std::to_string(static_cast<int>(params.kernel)));
@@ -468,7 +373,7 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
 //! work items, the main kernel (all five GEMMs per step, dQ bulk-added), then dQ to bf16.
 template <class Cfg>
 void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, const tiling::BwdScratch& layout,
-                       const device::BwdScratch& scratch, cudaStream_t stream) {
+                       const device::BwdScratch& scratch, cudaStream_t stream, const LaunchOptions& launch) {
   constexpr int kHeadDim = Cfg::kHeadDim;
   using ConvertCfg = BwdDqConvertConfig<kHeadDim>;
   const AttentionShape& s = params.shape;
@@ -478,13 +383,11 @@ void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, cons
   // slower on causal-128 even where nothing overlapped (H200, Nsight Compute, session 13; PERF_NOTES
   // v11); the dQ conversion after it is launched to overlap its end.
   if (layout.dkdv_ctas > 0) {
-    // Cost of a kv block's CTA in units of one 64x128x128 GEMM: 5 per step, times its head packs
-    // (all of the group's, or their share when the kv blocks are split over several CTAs).
     const int splits = static_cast<int>(layout.dkdv_splits);
-    const int packs = (s.heads / s.kv_heads) / dkdv_tile.heads_packed / splits;
-    const device::WorkClass items{params.dkdv_blocks.num_kv_blocks, params.dkdv_blocks.q_num_blocks,
-                                  params.dkdv_blocks.full_q_num_blocks, 5 * packs, 4, s.kv_heads * s.batch * splits};
-    if (!params.schedule.built()) launch_schedule(items, device::WorkClass{}, s, ScheduleOrder::batch, scratch.schedule, stream);
+    if (!params.schedule.built()) {
+      scheduling::launch_schedule(scheduling::bwd_atomic_items(params, dkdv_tile, splits), device::WorkClass{}, s,
+                                  ScheduleOrder::batch, launch.schedule_order, scratch.schedule, stream);
+    }
     device::BwdTensorMaps maps;
     maps.q_dkdv = q_side_map(params.q, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "q");
     maps.dout_dkdv = q_side_map(params.dout, s, dkdv_tile.block_m, dkdv_tile.heads_packed, "dout");
@@ -499,12 +402,12 @@ void launch_bwd_atomic(const BwdParams& params, const TileShape& dkdv_tile, cons
   const int64_t rows = static_cast<int64_t>(s.batch) * s.heads * s.q_len +
                        (scratch.dkdv_accum != nullptr ? 2ll * s.batch * s.kv_heads * s.kv_len : 0);
   const int64_t ctas = (rows + ConvertCfg::kRowsPerCta - 1) / ConvertCfg::kRowsPerCta;
-  launch_kernel_after(true, device::attention_bwd_dq_convert_kernel<ConvertCfg>, "attention_bwd_dq_convert_kernel", ctas,
-                      ConvertCfg::kThreads, 0, stream, params, scratch);
+  launch_kernel_after(launch.programmatic, device::attention_bwd_dq_convert_kernel<ConvertCfg>,
+                      "attention_bwd_dq_convert_kernel", ctas, ConvertCfg::kThreads, 0, stream, params, scratch);
 }
 
 template <int kHeadDim>
-void launch_bwd(const BwdParams& params, cudaStream_t stream) {
+void launch_bwd(const BwdParams& params, cudaStream_t stream, const LaunchOptions& launch) {
   using PrepCfg = BwdPrepConfig<kHeadDim>;
   using DqCfg = BwdDqConfig<kHeadDim>;
   using DkdvCfg = BwdDkdvConfig<kHeadDim>;
@@ -532,8 +435,8 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
 
   const int64_t rows = static_cast<int64_t>(params.shape.batch) * params.shape.heads * scratch.q_pad;
   const int64_t prep_ctas = (rows + PrepCfg::kRowsPerCta - 1) / PrepCfg::kRowsPerCta;
-  launch_kernel_after(true, device::attention_bwd_prep_kernel<PrepCfg>, "attention_bwd_prep_kernel", prep_ctas,
-                      PrepCfg::kThreads, 0, stream, params, scratch);
+  launch_kernel_after(launch.programmatic, device::attention_bwd_prep_kernel<PrepCfg>, "attention_bwd_prep_kernel",
+                      prep_ctas, PrepCfg::kThreads, 0, stream, params, scratch);
   // The partial steps' mask bits (mask_bits.cuh), kept with the schedule like it: the dK/dV
   // kernels' and the deterministic dQ tile's. Built whatever the kernel, since the merged schedule's
   // buffer is shared by wgmma and mma (mma reads no table, but whichever of the two builds the
@@ -548,21 +451,15 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   }
 
   if (params.kernel == BwdKernel::wgmma_atomic) {
-    return launch_bwd_atomic<BwdWgmmaAtomicConfig<kHeadDim, 2>>(params, dkdv_tile, layout, scratch, stream);
+    return launch_bwd_atomic<BwdWgmmaAtomicConfig<kHeadDim, 2>>(params, dkdv_tile, layout, scratch, stream, launch);
   }
   // An empty block list contributes no CTA (the self-test times the two kinds apart this way).
   const int64_t ctas = layout.dkdv_ctas + layout.dq_ctas;
   if (ctas == 0) return;
-  // Costs in units of one 64x128x128 GEMM: a dK/dV step is 4 of them for each head pack of the
-  // group, a dQ step 3 (of 128x64x128); one step's worth each for loading and storing the tile.
-  const int dkdv_packs = (params.shape.heads / params.shape.kv_heads) / dkdv_tile.heads_packed;
-  const device::WorkClass dkdv_items{params.dkdv_blocks.num_kv_blocks, params.dkdv_blocks.q_num_blocks,
-                                     params.dkdv_blocks.full_q_num_blocks, 4 * dkdv_packs, 4,
-                                     params.shape.kv_heads * params.shape.batch};
-  const device::WorkClass dq_items{params.dq_blocks.num_q_blocks, params.dq_blocks.kv_num_blocks,
-                                   params.dq_blocks.full_kv_num_blocks, 3, 3,
-                                   (params.shape.heads / dq_tile.heads_packed) * params.shape.batch};
-  if (!params.schedule.built()) launch_schedule(dkdv_items, dq_items, params.shape, ScheduleOrder::batch, scratch.schedule, stream);
+  if (!params.schedule.built()) {
+    scheduling::launch_schedule(scheduling::bwd_dkdv_items(params, dkdv_tile), scheduling::bwd_dq_items(params, dq_tile),
+                                params.shape, ScheduleOrder::batch, launch.schedule_order, scratch.schedule, stream);
+  }
 
   if (params.kernel == BwdKernel::mma) {
     return launch_kernel(device::attention_bwd_kernel<DkdvCfg, DqCfg>, "attention_bwd_kernel", ctas, DkdvCfg::kThreads,
@@ -727,20 +624,20 @@ bool parse_bwd_kernel(const std::string& name, BwdKernel* kernel) {
   return kernel_from_label(name, kBwdKernels, bwd_kernel_label, kernel);
 }
 
-void run_attention_fwd(const FwdParams& params, cudaStream_t stream) {
+void run_attention_fwd(const FwdParams& params, cudaStream_t stream, const LaunchOptions& launch) {
   require_supported(params.shape);
   switch (params.shape.head_dim) {
-    case 64: return launch_fwd<64>(params, stream);
-    case 128: return launch_fwd<128>(params, stream);
+    case 64: return launch_fwd<64>(params, stream, launch);
+    case 128: return launch_fwd<128>(params, stream, launch);
   }
   throw UnsupportedConfig("fused_cuda attention: head_dim " + std::to_string(params.shape.head_dim));
 }
 
-void run_attention_bwd(const BwdParams& params, cudaStream_t stream) {
+void run_attention_bwd(const BwdParams& params, cudaStream_t stream, const LaunchOptions& launch) {
   require_supported(params.shape);
   switch (params.shape.head_dim) {
-    case 64: return launch_bwd<64>(params, stream);
-    case 128: return launch_bwd<128>(params, stream);
+    case 64: return launch_bwd<64>(params, stream, launch);
+    case 128: return launch_bwd<128>(params, stream, launch);
   }
   throw UnsupportedConfig("fused_cuda attention: head_dim " + std::to_string(params.shape.head_dim));
 }

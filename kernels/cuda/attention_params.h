@@ -99,6 +99,23 @@ struct ScheduleCache {
   bool built() const { return items != nullptr && written; }
 };
 
+//! How the launcher runs a call's kernels, beyond what they compute: for A/B runs; the defaults are
+//! what the kernels are tuned for (the LibTorch boundary fills it from CudaKernelChoice). Host-only,
+//! so not part of the parameter structs the kernels receive.
+struct LaunchOptions {
+  //! The order of the CTA tables the call builds (a kept schedule keeps the order it was built in).
+  ScheduleOrder schedule_order = ScheduleOrder::kernel_default;
+  //! Programmatic dependent launches where a kernel may start before the one ahead of it ends (the
+  //! backward's prep and dQ convert kernels, a forward whose schedule an earlier call built);
+  //! false launches every kernel after the one before has completed.
+  bool programmatic = true;
+};
+
+//! FwdParams::max_ctas values besides N > 0 (at most N persistent CTAs).
+constexpr int32_t kFwdCtasKernelDefault = 0;  //!< FwdWgmmaConfig::kPersistent: one per SM slot, or one per work item
+constexpr int32_t kFwdCtasPerItem = -1;       //!< one CTA per work item
+constexpr int32_t kFwdCtasPerSmSlot = -2;     //!< persistent CTAs, one per SM slot
+
 //! Forward: o = softmax(scale * q k^T + mask) v, lse = logsumexp per row (natural log, -inf for
 //! rows that see nothing; their o is 0).
 struct FwdParams {
@@ -113,10 +130,9 @@ struct FwdParams {
   size_t scratch_bytes = 0;
   ScheduleCache schedule;   //!< optional: the schedule kept between calls, and after it the persistent
                             //!< kernels' item counter (then the scratch is unused)
-  //! CTAs of a wgmma forward: 0 = the kernel's default (FwdWgmmaConfig::kPersistent: persistent
-  //! CTAs, one per SM slot, or one CTA per work item), -1 = one CTA per work item, N > 0 = at most
-  //! N persistent CTAs. HARNESS_CUDA_FWD_PERSISTENT overrides the default (see attention_launch.cu).
-  int32_t max_ctas = 0;
+  //! CTAs of a wgmma forward: kFwdCtasKernelDefault, kFwdCtasPerItem, kFwdCtasPerSmSlot, or N > 0
+  //! = at most N persistent CTAs (the mma.sync forward runs one CTA per work item whatever it is).
+  int32_t max_ctas = kFwdCtasKernelDefault;
 };
 
 //! Backward: dq, dk, dv from q, k, v, o, do and the forward's lse.
@@ -199,11 +215,11 @@ std::string describe_fwd_config(const AttentionShape& shape, FwdKernel kernel);
 std::string describe_bwd_config(const AttentionShape& shape, BwdKernel kernel);
 
 //! Launches the forward on `stream`. Throws CudaError / UnsupportedConfig.
-void run_attention_fwd(const FwdParams& params, cudaStream_t stream);
+void run_attention_fwd(const FwdParams& params, cudaStream_t stream, const LaunchOptions& launch = {});
 //! Launches the backward on `stream`: prep, schedule, then for wgmma / mma the merged dK/dV + dQ
 //! launch (deterministic: no atomics, each output element summed by one thread in a fixed order),
 //! for wgmma_atomic the dK/dV-per-kv-block kernel with dQ bulk-added in fp32, then dQ to bf16.
-void run_attention_bwd(const BwdParams& params, cudaStream_t stream);
+void run_attention_bwd(const BwdParams& params, cudaStream_t stream, const LaunchOptions& launch = {});
 //! Keeps `stream` busy for about `microseconds` (one thread spinning on the global timer), so that
 //! launches the host enqueues meanwhile run back to back: the autotuner times candidates behind it,
 //! so a candidate's time is its GPU time, not the host's work between two launches.

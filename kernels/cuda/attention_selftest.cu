@@ -8,10 +8,13 @@
 //
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I. kernels/cuda/attention_selftest.cu
 //        kernels/cuda/attention_launch.cu -o attention_selftest      (one command line)
-//   ./attention_selftest [--quick | --small | --tiny] [--only TEXT] [--log FILE]
+//   ./attention_selftest [--quick | --small | --tiny] [--only TEXT] [--schedule-order ORDER]
+//                        [--plain-launches] [--log FILE]
 // --quick skips the two larger real-dims cases, --small every real-dims case (for
 // compute-sanitizer), --tiny runs the first small case only, --only the cases whose name contains
 // TEXT (e.g. "REAL causal", to profile one case's kernels under Nsight Compute).
+// --schedule-order (interleaved, batch, kv_head) and --plain-launches set every launch's
+// LaunchOptions (attention_params.h), for A/B runs.
 // Exit status 0 only when every check passes.
 
 #include <cuda_bf16.h>
@@ -36,6 +39,7 @@ namespace {
 using namespace harness::kernels::cuda;
 
 FILE* g_log = nullptr;
+LaunchOptions g_launch;  // every launch's (--schedule-order, --plain-launches)
 void say(const char* text) {
   std::fputs(text, stdout);
   std::fflush(stdout);
@@ -733,8 +737,8 @@ void poison(Case& c) {
 Outputs run_ours(Case& c) {
   poison(c);
   use_fwd_kernel(c, default_fwd_index(c));
-  run_attention_fwd(c.fwd, nullptr);
-  run_attention_bwd(c.bwd, nullptr);
+  run_attention_fwd(c.fwd, nullptr, g_launch);
+  run_attention_bwd(c.bwd, nullptr, g_launch);
   HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
   return Outputs{bf16_to_float(c.d_o.download()), c.d_lse.download(), bf16_to_float(c.d_dq.download()),
                  bf16_to_float(c.d_dk.download()), bf16_to_float(c.d_dv.download())};
@@ -818,22 +822,22 @@ Timing time_case(Case& c, int reps) {
   Timing t;
   for (size_t i = 0; i < fwd_kernels().size(); ++i) {
     use_fwd_kernel(c, i);
-    t.fwd_ms.push_back(time_one([&] { run_attention_fwd(c.fwd, nullptr); }));
+    t.fwd_ms.push_back(time_one([&] { run_attention_fwd(c.fwd, nullptr, g_launch); }));
   }
   use_fwd_kernel(c, default_fwd_index(c));
   for (BwdKernel kernel : bwd_kernels()) {
     BwdTiming b;
     BwdParams params = c.bwd;
     params.kernel = kernel;
-    b.bwd_ms = time_one([&] { run_attention_bwd(params, nullptr); });
+    b.bwd_ms = time_one([&] { run_attention_bwd(params, nullptr, g_launch); });
     // Breakdown: an empty block list contributes no CTA to the merged launch (see launch_bwd), so
     // these are prep alone, then prep + dK/dV CTAs; the dQ share is the rest.
     BwdParams only_prep = params, prep_dkdv = params;
     only_prep.dq_blocks.num_q_blocks = 0;
     only_prep.dkdv_blocks.num_kv_blocks = 0;
     prep_dkdv.dq_blocks.num_q_blocks = 0;
-    const double prep_ms = time_one([&] { run_attention_bwd(only_prep, nullptr); });
-    const double prep_dkdv_ms = time_one([&] { run_attention_bwd(prep_dkdv, nullptr); });
+    const double prep_ms = time_one([&] { run_attention_bwd(only_prep, nullptr, g_launch); });
+    const double prep_dkdv_ms = time_one([&] { run_attention_bwd(prep_dkdv, nullptr, g_launch); });
     b.prep_dkdv_dq_ms[0] = prep_ms;
     b.prep_dkdv_dq_ms[1] = prep_dkdv_ms - prep_ms;
     b.prep_dkdv_dq_ms[2] = b.bwd_ms - prep_dkdv_ms;
@@ -870,6 +874,17 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--small")) small = true;
     if (!std::strcmp(argv[i], "--tiny")) tiny = true;
     if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    if (!std::strcmp(argv[i], "--plain-launches")) g_launch.programmatic = false;
+    if (!std::strcmp(argv[i], "--schedule-order") && i + 1 < argc) {
+      const std::string order = argv[++i];
+      for (ScheduleOrder known : {ScheduleOrder::interleaved, ScheduleOrder::batch, ScheduleOrder::kv_head}) {
+        if (order == schedule_order_label(known)) g_launch.schedule_order = known;
+      }
+      if (g_launch.schedule_order == ScheduleOrder::kernel_default) {
+        std::fprintf(stderr, "--schedule-order %s: expected interleaved, batch or kv_head\n", order.c_str());
+        return 2;
+      }
+    }
     if (!std::strcmp(argv[i], "--log") && i + 1 < argc) g_log = std::fopen(argv[++i], "w");
   }
   try {
@@ -949,7 +964,7 @@ int main(int argc, char** argv) {
       // while its dQ may differ in the last bits (fp32 adds in arrival order): reported, not failed.
       auto check_reproducible = [&](const BwdParams& params) {
         const std::vector<uint16_t> dk1 = c.d_dk.download(), dv1 = c.d_dv.download(), dq1 = c.d_dq.download();
-        run_attention_bwd(params, nullptr);
+        run_attention_bwd(params, nullptr, g_launch);
         HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<uint16_t> dq2 = c.d_dq.download();
         const bool same_kv = dk1 == c.d_dk.download() && dv1 == c.d_dv.download();
@@ -992,7 +1007,7 @@ int main(int argc, char** argv) {
         HARNESS_CUDA_CHECK(cudaMemset(c.d_dq.ptr, 0xff, c.d_dq.count * 2));
         HARNESS_CUDA_CHECK(cudaMemset(c.d_dk.ptr, 0xff, c.d_dk.count * 2));
         HARNESS_CUDA_CHECK(cudaMemset(c.d_dv.ptr, 0xff, c.d_dv.count * 2));
-        run_attention_bwd(params, nullptr);
+        run_attention_bwd(params, nullptr, g_launch);
         HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
         say("    [%s backward]\n", bwd_kernel_name(kernel));
         const std::vector<float> dq = bf16_to_float(c.d_dq.download()), dk = bf16_to_float(c.d_dk.download()),
@@ -1012,7 +1027,7 @@ int main(int argc, char** argv) {
         if (i == default_fwd_index(c)) continue;
         poison(c);
         use_fwd_kernel(c, i);
-        run_attention_fwd(c.fwd, nullptr);
+        run_attention_fwd(c.fwd, nullptr, g_launch);
         HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
         say("    [%s forward]\n", fwd_kernel_name(c.fwd.kernel));
         check_forward(bf16_to_float(c.d_o.download()), c.d_lse.download(), ref, "gpu", 1e-2);
@@ -1027,7 +1042,7 @@ int main(int argc, char** argv) {
         for (const int32_t max_ctas : {0, -1, 3}) {
           poison(c);
           c.fwd.max_ctas = max_ctas;
-          run_attention_fwd(c.fwd, nullptr);
+          run_attention_fwd(c.fwd, nullptr, g_launch);
           HARNESS_CUDA_CHECK(cudaDeviceSynchronize());
           if (max_ctas == 0) {
             o_default = c.d_o.download();

@@ -1,7 +1,7 @@
 #pragma once
 // Backward kernels, mma.sync generation (device code only). Three launches, no atomics:
 //   prep:     bwd_prep_kernel.cuh: per query row (lse * log2e, delta) and mask rows.
-//   schedule: schedule_kernel.cuh ranks the dK/dV and dQ work items longest first.
+//   schedule: tile_scheduler.cuh ranks the dK/dV and dQ work items longest first.
 //   main:     one launch whose CTAs are either
 //     dK/dV:  one kv block of one kv head; K and V stay resident while the CTA loops over every
 //             query head of its GQA group and every q block its kv block lists, with the transposed
@@ -257,10 +257,11 @@ __global__ void __launch_bounds__(DkdvCfg::kThreads, 1)
   const WorkItem work = scratch.schedule[blockIdx.x];
   const int num_kv_blocks = p.dkdv_blocks.num_kv_blocks;
   if (work.block < num_kv_blocks) {
-    bwd_dkdv_tile<DkdvCfg>(p, scratch, smem, work.block, work.copy % p.shape.kv_heads, work.copy / p.shape.kv_heads);
+    const DkdvWork dkdv = dkdv_work(work, p.shape.kv_heads, 1);
+    bwd_dkdv_tile<DkdvCfg>(p, scratch, smem, dkdv.kv_block, dkdv.kv_head, dkdv.batch);
   } else {
-    const int num_packs = p.shape.heads / (DqCfg::kBlockM / p.dq_blocks.block_m);
-    bwd_dq_tile<DqCfg>(p, scratch, smem, work.block - num_kv_blocks, work.copy % num_packs, work.copy / num_packs);
+    const DqWork dq = dq_work(work, num_kv_blocks, p.shape.heads / (DqCfg::kBlockM / p.dq_blocks.block_m));
+    bwd_dq_tile<DqCfg>(p, scratch, smem, dq.q_block, dq.pack, dq.batch);
   }
 }
 

@@ -46,6 +46,7 @@
 #include "kernels/cuda/mask_bits.cuh"
 #include "kernels/cuda/mask_device.cuh"
 #include "kernels/cuda/tile_math.cuh"
+#include "kernels/cuda/tile_scheduler.cuh"
 #include "kernels/cuda/wgmma_ops.cuh"
 #include "kernels/cuda/wgmma_tiles.cuh"
 
@@ -108,12 +109,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();
 
-  const WorkItem work = scratch.schedule[blockIdx.x];
-  const int kv_block = work.block;
   const int splits = scratch.dkdv_splits;
-  const int split = work.copy % splits;
-  const int kv_head = (work.copy / splits) % p.shape.kv_heads;
-  const int batch = (work.copy / splits) / p.shape.kv_heads;
+  const DkdvWork work = dkdv_work(scratch.schedule[blockIdx.x], p.shape.kv_heads, splits);
+  const int kv_block = work.kv_block, kv_head = work.kv_head, batch = work.batch, split = work.split;
 
   const BlockListParams& blocks = p.dkdv_blocks;
   const int block_m = blocks.block_m;

@@ -29,6 +29,7 @@
 #include "kernels/cuda/mask_bits.cuh"
 #include "kernels/cuda/mask_device.cuh"
 #include "kernels/cuda/tile_math.cuh"
+#include "kernels/cuda/tile_scheduler.cuh"
 #include "kernels/cuda/wgmma_ops.cuh"
 #include "kernels/cuda/wgmma_tiles.cuh"
 
@@ -380,11 +381,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const WorkItem work = scratch.schedule[blockIdx.x];
   const int num_kv_blocks = p.dkdv_blocks.num_kv_blocks;
   const bool dkdv = work.block < num_kv_blocks;
-  // dQ tiles run in pairs of head packs (bwd_dq_wgmma_tile) where a q block has an even number of
-  // packs: the schedule writes a q block's packs next to each other (its copies, in a row), so the
-  // CTA of an even pack runs the odd one after it and the odd one's CTA exits at once.
+  // dQ tiles run in pairs of head packs where the packs are even (bwd_dq_wgmma_tile, dq_tiles_per_cta):
+  // the CTA of an odd pack has nothing to do.
   const int num_packs = p.shape.heads / (Cfg::kDqRows / p.dq_blocks.block_m);
-  const int dq_tiles = num_packs % 2 == 0 ? 2 : 1;
+  const int dq_tiles = dq_tiles_per_cta(num_packs);
   if (!dkdv && dq_tiles == 2 && (work.copy % num_packs) % 2 == 1) return;
   const uint32_t bars = smem + (dkdv ? Cfg::kDkdvBarrierOffset : Cfg::kDqBarrierOffset);
   if (threadIdx.x == 0) {
@@ -397,10 +397,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();
   if (dkdv) {
-    bwd_dkdv_wgmma_tile<Cfg>(p, maps, scratch, smem, work.block, work.copy % p.shape.kv_heads, work.copy / p.shape.kv_heads);
+    const DkdvWork tile = dkdv_work(work, p.shape.kv_heads, 1);
+    bwd_dkdv_wgmma_tile<Cfg>(p, maps, scratch, smem, tile.kv_block, tile.kv_head, tile.batch);
   } else {
-    bwd_dq_wgmma_tile<Cfg>(p, maps, scratch, smem, work.block - num_kv_blocks, work.copy % num_packs, dq_tiles,
-                           work.copy / num_packs);
+    const DqWork dq = dq_work(work, num_kv_blocks, num_packs);
+    bwd_dq_wgmma_tile<Cfg>(p, maps, scratch, smem, dq.q_block, dq.pack, dq_tiles, dq.batch);
   }
 }
 

@@ -57,6 +57,8 @@ struct FusedCudaState : torch::CustomClassHolder {
   std::shared_ptr<MaskContext::KeptBuffer> bwd_schedule_merged, bwd_schedule_atomic;
   cudaStream_t schedule_stream = nullptr;  //!< the stream they are built and read on
   bool keep_schedules = true;              //!< CudaKernelChoice::keep_schedules of the call
+  kc::LaunchOptions launch;                //!< the call's launch options (launch_options)
+  int32_t fwd_ctas = kc::kFwdCtasKernelDefault;  //!< FwdParams::max_ctas of the call
   float scale = 1.f;
   bool deterministic = false;
   DispatchTrace* trace = nullptr;
@@ -132,6 +134,55 @@ bool autotune_enabled() {
 std::string environment(const char* name) {
   const char* value = std::getenv(name);
   return value ? value : "";
+}
+
+//! The launch options of a call (CudaKernelChoice's, or where it leaves one at its default the
+//! documented environment override: HARNESS_SCHEDULE_ORDER, HARNESS_CUDA_PDL=0,
+//! HARNESS_CUDA_FWD_PERSISTENT = 0 | 1 | grid:N) into `state`.
+void set_launch_options(const CudaKernelChoice& choice, FusedCudaState& state) {
+  const std::string order = choice.schedule_order.empty() ? environment("HARNESS_SCHEDULE_ORDER") : choice.schedule_order;
+  state.launch.schedule_order = kc::ScheduleOrder::kernel_default;
+  if (!order.empty()) {
+    bool known = false;
+    for (const kc::ScheduleOrder candidate :
+         {kc::ScheduleOrder::interleaved, kc::ScheduleOrder::batch, kc::ScheduleOrder::kv_head}) {
+      if (order == kc::schedule_order_label(candidate)) {
+        state.launch.schedule_order = candidate;
+        known = true;
+      }
+    }
+    TORCH_CHECK(known, kWho, ": schedule order \"", order, "\" (",
+                choice.schedule_order.empty() ? "HARNESS_SCHEDULE_ORDER" : "the call's options",
+                "); expected interleaved, batch or kv_head");
+  }
+  state.launch.programmatic = choice.programmatic_launch && environment("HARNESS_CUDA_PDL") != "0";
+  state.fwd_ctas = choice.fwd_ctas;
+  const std::string ctas = environment("HARNESS_CUDA_FWD_PERSISTENT");
+  if (choice.fwd_ctas == kc::kFwdCtasKernelDefault && !ctas.empty()) {
+    const bool grid = ctas.rfind("grid:", 0) == 0 && ctas.size() > 5 &&
+                      ctas.find_first_not_of("0123456789", 5) == std::string::npos && std::stol(ctas.substr(5)) > 0;
+    TORCH_CHECK(ctas == "0" || ctas == "1" || grid, kWho, ": HARNESS_CUDA_FWD_PERSISTENT=\"", ctas,
+                "\"; expected 0 (one CTA per work item), 1 (one per SM slot) or grid:N");
+    state.fwd_ctas = ctas == "0"   ? kc::kFwdCtasPerItem
+                     : ctas == "1" ? kc::kFwdCtasPerSmSlot
+                                   : to_int32(std::stol(ctas.substr(5)), "HARNESS_CUDA_FWD_PERSISTENT grid:N");
+  }
+  TORCH_CHECK(state.fwd_ctas >= kc::kFwdCtasPerSmSlot, kWho, ": fwd_ctas ", state.fwd_ctas,
+              "; expected 0 (the kernel's default), -1 (one per work item), -2 (one per SM slot) or N > 0");
+}
+
+//! The call's launch options that differ from the defaults, for the dispatch record ("" when none).
+std::string launch_text(const FusedCudaState& state, bool forward) {
+  std::string text;
+  const std::string order = kc::schedule_order_label(state.launch.schedule_order);
+  if (!order.empty()) text += ", CTA order " + order;
+  if (!state.launch.programmatic) text += ", plain launches (no programmatic dependent launch)";
+  if (forward && state.fwd_ctas != kc::kFwdCtasKernelDefault) {
+    text += state.fwd_ctas == kc::kFwdCtasPerItem     ? ", one CTA per work item"
+            : state.fwd_ctas == kc::kFwdCtasPerSmSlot ? ", persistent CTAs, one per SM slot"
+                                                      : ", at most " + std::to_string(state.fwd_ctas) + " persistent CTAs";
+  }
+  return text.empty() ? text : "; launch options" + text;
 }
 
 //! One autotuner per device for the process, keyed by the GPU and this build, with the disk cache
@@ -271,10 +322,12 @@ bool capturing(cudaStream_t stream) {
 
 //! The key of a kept schedule: what it depends on besides the mask (the launch shape, the kernel),
 //! and the stream it is built and read on (so that no launch reads it before it is written).
-std::string schedule_key(const char* what, const kc::AttentionShape& s, cudaStream_t stream) {
+std::string schedule_key(const char* what, const FusedCudaState& state, cudaStream_t stream) {
+  const kc::AttentionShape& s = state.shape;
+  const std::string order = kc::schedule_order_label(state.launch.schedule_order);
   return std::string(what) + " b" + std::to_string(s.batch) + " h" + std::to_string(s.heads) + " kv" +
-         std::to_string(s.kv_heads) + " d" + std::to_string(s.head_dim) + " stream " +
-         std::to_string(reinterpret_cast<uintptr_t>(stream));
+         std::to_string(s.kv_heads) + " d" + std::to_string(s.head_dim) + (order.empty() ? "" : " order " + order) +
+         " stream " + std::to_string(reinterpret_cast<uintptr_t>(stream));
 }
 
 //! Points `cache` at a kept schedule (or leaves it empty without one).
@@ -316,20 +369,21 @@ FusedForward run_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
     params.lse = lse.data_ptr<float>();
     params.scale = state->scale;
     params.mask = state->mask;
+    params.max_ctas = state->fwd_ctas;
     params.blocks = block_list(mask.block_mask(tile.block_m, tile.block_n, q.device()));
     scratch = at::empty({static_cast<int64_t>(kc::fwd_scratch_bytes(params.shape, params.blocks, kernel))},
                         q.options().dtype(at::kByte));
     params.scratch = scratch.data_ptr();
     params.scratch_bytes = static_cast<size_t>(scratch.numel());
     if (keep_schedules) {
-      kept = mask.kept_buffer(schedule_key(kc::fwd_kernel_name(kernel), state->shape, stream),
+      kept = mask.kept_buffer(schedule_key(kc::fwd_kernel_name(kernel), *state, stream),
                               static_cast<int64_t>(kc::fwd_schedule_bytes(params.shape, params.blocks, kernel)), q.device());
     }
     use_schedule(kept, params.schedule);
     return params;
   };
   auto run = [&](const kc::FwdParams& params, const std::shared_ptr<MaskContext::KeptBuffer>& kept) {
-    kc::run_attention_fwd(params, stream);
+    kc::run_attention_fwd(params, stream, state->launch);
     if (kept) kept->written = true;
   };
   launch([&] {
@@ -424,7 +478,7 @@ FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::
     use_schedule(kept_for(trial.kernel), trial.schedule);
   };
   auto run = [&](const kc::BwdParams& trial) {
-    kc::run_attention_bwd(trial, stream);
+    kc::run_attention_bwd(trial, stream, state->launch);
     if (const auto kept = kept_for(trial.kernel)) kept->written = true;
   };
   launch([&] {
@@ -468,7 +522,7 @@ FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::
                         "per pair): NOT bitwise deterministic") +
              " (deterministic=" + (state->deterministic ? "true" : "false") + " asked); kernel " + pick.name + " " +
              pick.how,
-         kc::describe_bwd_config(state->shape, params.kernel), pick.name});
+         kc::describe_bwd_config(state->shape, params.kernel) + launch_text(*state, false), pick.name});
   }
   return {dq, dk, dv};
 }
@@ -567,6 +621,7 @@ PreparedCall prepare_call(const at::Tensor& q_in, const at::Tensor& k_in, const 
   // The backward's schedules, kept with the mask (its block lists fix them, with the shape).
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
   state->keep_schedules = kernels.keep_schedules;
+  set_launch_options(kernels, *state);
   if (kernels.keep_schedules && !capturing(stream)) {
     state->schedule_stream = stream;
     const kc::BlockListParams dq = block_list(state->dq_blocks), dkdv = block_list(state->dkdv_blocks);
@@ -574,9 +629,9 @@ PreparedCall prepare_call(const at::Tensor& q_in, const at::Tensor& k_in, const 
       return static_cast<int64_t>(kc::bwd_schedule_bytes(state->shape, dq, dkdv, kernel));
     };
     state->bwd_schedule_merged =
-        mask.kept_buffer(schedule_key("bwd merged", state->shape, stream), bytes(kc::BwdKernel::wgmma), q.device());
+        mask.kept_buffer(schedule_key("bwd merged", *state, stream), bytes(kc::BwdKernel::wgmma), q.device());
     state->bwd_schedule_atomic =
-        mask.kept_buffer(schedule_key("bwd atomic", state->shape, stream), bytes(kc::BwdKernel::wgmma_atomic), q.device());
+        mask.kept_buffer(schedule_key("bwd atomic", *state, stream), bytes(kc::BwdKernel::wgmma_atomic), q.device());
   }
 
   state->requested_fwd = kernels.fwd;
@@ -590,7 +645,8 @@ void record_forward(const FusedCudaState& state, const at::Device& device) {
                        "impl=fused on CUDA: block-sparse flash attention (bf16, online softmax, LSE saved), empty blocks "
                        "skipped, full blocks without mask work; kernel " + std::string(kc::fwd_kernel_name(state.fwd_kernel)) +
                            " " + state.fwd_how,
-                       kc::describe_fwd_config(state.shape, state.fwd_kernel), kc::fwd_kernel_name(state.fwd_kernel)});
+                       kc::describe_fwd_config(state.shape, state.fwd_kernel) + launch_text(state, true),
+                       kc::fwd_kernel_name(state.fwd_kernel)});
 }
 
 }  // namespace

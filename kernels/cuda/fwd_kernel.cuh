@@ -15,24 +15,9 @@
 #include "kernels/cuda/kernel_common.cuh"
 #include "kernels/cuda/mask_device.cuh"
 #include "kernels/cuda/tile_math.cuh"
+#include "kernels/cuda/tile_scheduler.cuh"
 
 namespace harness::kernels::cuda::device {
-
-//! What a forward CTA computes: work item (q block, head pack + batch) of the longest-first
-//! schedule, as the packed rows of a tile of `tile_rows` rows.
-struct FwdWork {
-  int q_block;
-  int batch;
-  PackedRows rows;
-  int kv_head;
-};
-__device__ __forceinline__ FwdWork fwd_work(const FwdParams& p, WorkItem work, int tile_rows) {
-  const int block_m = p.blocks.block_m;
-  const int heads_packed = tile_rows / block_m;
-  const int num_packs = p.shape.heads / heads_packed;
-  const PackedRows rows{__ffs(block_m) - 1, (work.copy % num_packs) * heads_packed, work.block * block_m};
-  return {work.block, work.copy / num_packs, rows, rows.head0 / (p.shape.heads / p.shape.kv_heads)};
-}
 
 //! cp.async of the K and V tiles of one kv block (kBlockN keys from kv0 of one kv head) into
 //! swizzled shared-memory tiles; keys past kv_len are zero-filled. Shared by the mma.sync forward

@@ -33,11 +33,12 @@
 #include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/device_utils.cuh"
-#include "kernels/cuda/fwd_kernel.cuh"
 #include "kernels/cuda/hopper_utils.cuh"
+#include "kernels/cuda/kernel_common.cuh"
 #include "kernels/cuda/mask_bits.cuh"
 #include "kernels/cuda/mask_device.cuh"
 #include "kernels/cuda/tile_math.cuh"
+#include "kernels/cuda/tile_scheduler.cuh"
 #include "kernels/cuda/wgmma_ops.cuh"
 
 namespace harness::kernels::cuda::device {
@@ -84,18 +85,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   auto v_full = [&](int stage) { return bars + 8u * (6 + kStages + stage); };
   auto k_empty = [&](int stage) { return bars + 8u * (6 + 2 * kStages + stage); };
   auto v_empty = [&](int stage) { return bars + 8u * (6 + 3 * kStages + stage); };
-  // The CTA's next work item (WorkItem block and copy, its partial and all kv blocks; block -1: no
-  // more): the producer writes it once every consumer warp has read the last one (item_empty)
-  // and arrives on item_full, before any copy of the item, so the consumers set the item up
-  // (its rows' masks: global loads) while its Q is still on the way.
-  const uint32_t item_slot = bars + 8u * (6 + 4 * kStages);
+  // The CTA's work items (tile_scheduler.cuh): drawn by the producer, handed to the consumers.
+  const FwdTileScheduler scheduler{schedule, num_items, item_counter};
+  const WorkItemHandoff handoff{bars + 8u * (6 + 4 * kStages), item_full, item_empty};
 
-  // Persistent CTAs (item_counter set): the grid's G CTAs start with work items 0..G-1 of the
-  // longest-first schedule, and each takes the next with one atomicAdd when its producer is done
-  // issuing the last one's copies: greedy longest-first across the SMs, as the hardware's CTA
-  // dispatch does, without a CTA launch, barrier setup and empty pipeline per item. Without
-  // item_counter each CTA runs work item blockIdx.x, the plain launch. The K/V ring runs on across
-  // items: `ring` counts the uses before the current item, so step j of the item is use ring + j.
+  // The K/V ring runs on across items: `ring` counts the uses before the current item, so step j
+  // of the item is use ring + j.
   uint32_t ring = 0;
   auto stage_of = [&](int step) { return static_cast<int>((ring + step) % kStages); };
   auto phase_of = [&](int step) { return ((ring + step) / kStages) & 1u; };
@@ -133,31 +128,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     prefetch_tensor_map(&maps.k);
     prefetch_tensor_map(&maps.v);
     for (int tile = 0;; ++tile) {
-      int item = static_cast<int>(blockIdx.x);
-      if (tile > 0 && item_counter) {
-        // Every CTA draws until it gets no item: num_items - G draws that give one and G that do
-        // not, values 0..num_items-1. The last draw resets the counter (every other draw of this
-        // launch is done by then), so a counter kept between launches is zeroed only once.
-        const int drawn = atomicAdd(item_counter, 1);
-        if (drawn == num_items - 1) atomicExch(item_counter, 0);
-        item = static_cast<int>(gridDim.x) + drawn;
-      } else if (tile > 0) {
-        item = num_items;
-      }
-      if (tile > 0) mbarrier_wait(item_empty, (tile - 1) & 1);
-      if (item >= num_items) {
-        asm volatile("st.shared.v4.s32 [%0], {%1, %1, %1, %1};\n" ::"r"(item_slot), "r"(-1) : "memory");
-        mbarrier_arrive(item_full);
+      WorkItem scheduled;
+      if (!scheduler.next(tile, handoff, scheduled)) {
+        handoff.publish_end();
         break;
       }
-      const WorkItem scheduled = schedule[item];
       const FwdWork work = fwd_work(p, scheduled, kBlockM);
       const VisitList kv_list = kv_blocks_of(p.blocks, work.q_block);
       const int num_blocks = kv_list.count;
-      asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};\n" ::"r"(item_slot), "r"(scheduled.block),
-                   "r"(scheduled.copy), "r"(kv_list.num_partial), "r"(num_blocks)
-                   : "memory");
-      mbarrier_arrive(item_full);
+      handoff.publish(scheduled, kv_list.num_partial, num_blocks);
       // Q first on a CTA's first item (nothing to wait for) and with two Q buffers (the one of the
       // item before last, whose products are done: the producer is an item ahead of the consumers
       // at most); with one, after the item's first K and V, which need only a free ring stage,
@@ -213,15 +192,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const bool storer = (threadIdx.x & 127) == 0;  // issues this warpgroup's O stores
 
   for (int tile = 0;; ++tile) {
-    mbarrier_wait(item_full, tile & 1);
     WorkItem scheduled;
     int num_partial, num_blocks;
-    asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(scheduled.block), "=r"(scheduled.copy), "=r"(num_partial), "=r"(num_blocks)
-                 : "r"(item_slot)
-                 : "memory");
-    mbarrier_arrive_if(item_empty, lane == 0);
-    if (scheduled.block < 0) break;
+    if (!handoff.receive(tile, lane, scheduled, num_partial, num_blocks)) break;
     const FwdWork work = fwd_work(p, scheduled, kBlockM);
     const int batch = work.batch;
     const PackedRows rows = work.rows;
