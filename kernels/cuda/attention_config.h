@@ -303,6 +303,30 @@ struct BwdDkdvConfig {
   static_assert(kStages >= 2 && kSmemBytes <= 227 * 1024, "a ring of 2+ stages within the 227 KB an sm_90 CTA may use");
 };
 
+//! Shared memory of a Hopper dK/dV tile (bwd_dkdv_mainloop.cuh), 1024-aligned offsets in bytes:
+//! K and V of kKeys keys resident, per stage Q and dO of kRows packed query rows, kExtraBytes of
+//! the kernel's own (wgmma_atomic: dS^T and its dQ tile), then per stage the rows' (lse2, delta),
+//! their positions' 32-byte mask rows and the keys' mask bit entries (mask_bits.cuh), then the
+//! barriers (BwdBarriers: resident, two "full" and one "empty" per stage, and the kernel's own).
+template <int kHeadDim_, int kStages_, int kExtraBytes>
+struct DkdvTileLayout {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kKeys = 128;  //!< keys per tile, 64 per consumer
+  static constexpr int kRows = 64;   //!< query rows per step (packed heads x positions)
+  static constexpr int kKvBytes = kKeys * kHeadDim * 2;  //!< resident K (and V)
+  static constexpr int kQBytes = kRows * kHeadDim * 2;   //!< one stage's Q (and dO)
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kKvBytes;
+  static constexpr int kOffQ = kOffV + kKvBytes;
+  static constexpr int kOffDo = kOffQ + kStages * kQBytes;
+  static constexpr int kOffExtra = kOffDo + kStages * kQBytes;
+  static constexpr int kOffStats = kOffExtra + kExtraBytes;          //!< kStages x kRows (lse2, delta)
+  static constexpr int kOffMasks = kOffStats + kStages * kRows * 8;  //!< kStages x kRows QueryMaskRow
+  static constexpr int kOffBits = kOffMasks + kStages * kRows * 32;  //!< kStages x kKeys mask bit words
+  static constexpr int kOffBarriers = kOffBits + kStages * kKeys * 8;
+};
+
 //! Hopper backward (bwd_wgmma_kernels.cuh): one launch of dK/dV and dQ tiles, each CTA one
 //! producer warpgroup (TMA) and two consumer warpgroups (wgmma). The tilings equal the mma.sync
 //! backward's (dK/dV: 128 keys x 64-row q steps; dQ: 128 rows x kDqBlockN-key steps), so both
@@ -312,18 +336,16 @@ struct BwdWgmmaConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = 3 * 128;
-  static constexpr int kDkdvKeys = 128;  //!< keys per dK/dV tile, 64 per consumer
-  static constexpr int kDkdvRows = 64;   //!< query rows per dK/dV step
+  //! The dK/dV tile: K, V, then per stage Q, dO, (lse2, delta) and the 32-byte mask row of each q
+  //! row, and the mask bits of each key (mask_bits.cuh).
+  using Dkdv = DkdvTileLayout<kHeadDim, kStages, 0>;
+  static constexpr int kDkdvKeys = Dkdv::kKeys;  //!< keys per dK/dV tile, 64 per consumer
+  static constexpr int kDkdvRows = Dkdv::kRows;  //!< query rows per dK/dV step
   static constexpr int kDqRows = 128;    //!< query rows per dQ tile, 64 per consumer
   static constexpr int kDqBlockN = 64;   //!< keys per dQ step
-  static constexpr int kDkdvKvBytes = kDkdvKeys * kHeadDim * 2;  //!< resident K (and V)
-  static constexpr int kDkdvQBytes = kDkdvRows * kHeadDim * 2;   //!< one stage's Q (and dO)
   static constexpr int kDqQBytes = kDqRows * kHeadDim * 2;       //!< resident Q (and dO)
   static constexpr int kDqKvBytes = kDqBlockN * kHeadDim * 2;    //!< one stage's K (and V)
-  //! dK/dV: K, V, then per stage Q, dO, (lse2, delta) and the 32-byte mask row of each q row, and
-  //! the mask bits of each key (mask_bits.cuh).
-  static constexpr int kDkdvBarrierOffset =
-      2 * kDkdvKvBytes + kStages * (2 * kDkdvQBytes + kDkdvRows * (8 + 32) + kDkdvKeys * 8);
+  static constexpr int kDkdvBarrierOffset = Dkdv::kOffBarriers;
   //! dQ: two tiles' Q and dO (a CTA runs two head packs of a q block, the second's rows loaded
   //! while the first runs), then per stage K and V.
   static constexpr int kDqTiles = 2;
@@ -363,22 +385,17 @@ struct BwdWgmmaAtomicConfig {
   static constexpr int kThreads = 3 * 128;
   static constexpr int kKeys = 128;  //!< keys per CTA, 64 per consumer
   static constexpr int kRows = 64;   //!< query rows per step (packed heads x positions)
-  static constexpr int kKvBytes = kKeys * kHeadDim * 2;  //!< resident K (and V)
-  static constexpr int kQBytes = kRows * kHeadDim * 2;   //!< one stage's Q (and dO)
   static constexpr int kDsBytes = kKeys * kRows * 2;     //!< dS^T, bf16, 128-byte swizzled rows of 64 queries
   static constexpr int kDqBytes = kRows * kHeadDim * 4;  //!< one step's dQ, fp32
   static constexpr int kDqColumns = 64;                  //!< dQ columns one consumer computes per step
-  //! Offsets (bytes) from the 1024-aligned base: every wgmma operand 1024-aligned.
-  static constexpr int kOffK = 0;
-  static constexpr int kOffV = kOffK + kKvBytes;
-  static constexpr int kOffQ = kOffV + kKvBytes;
-  static constexpr int kOffDo = kOffQ + kStages * kQBytes;
-  static constexpr int kOffDs = kOffDo + kStages * kQBytes;
-  static constexpr int kOffDq = kOffDs + 2 * kDsBytes;  // dS^T double-buffered
-  static constexpr int kOffStats = kOffDq + kDqBytes;            //!< kStages x kRows (lse2, delta)
-  static constexpr int kOffMasks = kOffStats + kStages * kRows * 8;  //!< kStages x kRows QueryMaskRow
-  static constexpr int kOffBits = kOffMasks + kStages * kRows * 32;  //!< kStages x kKeys mask bit words
-  static constexpr int kOffBarriers = kOffBits + kStages * kKeys * 8;
+  //! The dK/dV tile with dS^T (double-buffered) and the dQ tile as its extra part; offsets (bytes)
+  //! from the 1024-aligned base: every wgmma operand 1024-aligned.
+  using Dkdv = DkdvTileLayout<kHeadDim, kStages, 2 * kDsBytes + kDqBytes>;
+  static constexpr int kKvBytes = Dkdv::kKvBytes;  //!< resident K (and V)
+  static constexpr int kQBytes = Dkdv::kQBytes;    //!< one stage's Q (and dO)
+  static constexpr int kOffDs = Dkdv::kOffExtra;
+  static constexpr int kOffDq = kOffDs + 2 * kDsBytes;
+  static constexpr int kOffBarriers = Dkdv::kOffBarriers;
   //! resident, 2 "full" and 1 "empty" per stage, dQ tile full / empty.
   static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages + 2);
   static constexpr int kSmemBytes = 1024 + kOffBarriers + kBarrierBytes;
@@ -390,7 +407,8 @@ struct BwdWgmmaAtomicConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(kSmemBytes <= 227 * 1024, "within the 227 KB an sm_90 CTA may use");
   static_assert(128 * kProducerRegisters + 2 * 128 * kConsumerRegisters <= 65536, "register budget of the SM");
-  static_assert(kKeys == BwdDkdvConfig<kHeadDim>::kBlockN && kRows == BwdDkdvConfig<kHeadDim>::kBlockM,
+  static_assert(kKeys == Dkdv::kKeys && kRows == Dkdv::kRows && kKeys == BwdDkdvConfig<kHeadDim>::kBlockN &&
+                    kRows == BwdDkdvConfig<kHeadDim>::kBlockM,
                 "the dK/dV tiling (and so BlockMask) of the other backward kernels");
 };
 

@@ -1,18 +1,13 @@
 #pragma once
-// Backward for Hopper (device code only): the merged dK/dV + dQ launch of bwd_kernels.cuh, each
-// tile kind rebuilt on TMA + wgmma with one producer and two consumer warpgroups (the structure of
-// fwd_wgmma_kernel.cuh). No atomics: every output element is summed by one thread in a fixed
-// order, so the backward stays bitwise deterministic. It reads the prep kernel's per-row
-// (lse * log2e, delta) and per-position mask rows (bwd_kernels.cuh).
-//
-//   dK/dV tile: 128 keys of one kv head (consumer c owns keys 64c..64c+63); K and V resident; the
-//     producer streams (Q, row info) and dO of every listed q block of every head pack of the GQA
-//     group. Per step, with the transposed formulation (keys are the M dimension):
-//       S^T = K Q^T (smem x smem), P^T = 2^(S^T scale log2e - lse2), dV += P^T dO (P^T from registers),
-//       dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q (dS^T from registers).
+// Backward for Hopper (device code only), deterministic: the merged dK/dV + dQ launch of
+// bwd_kernels.cuh, each tile kind on TMA + wgmma with one producer and two consumer warpgroups.
+// No atomics: every output element is summed by one thread in a fixed order, so the backward stays
+// bitwise deterministic. It reads the prep kernel's per-row (lse * log2e, delta) and per-position
+// mask rows (bwd_prep_kernel.cuh).
+//   dK/dV tile: the dK/dV mainloop (bwd_dkdv_mainloop.cuh) without dQ: 4 GEMMs per step.
 //   dQ tile: 128 query rows of one head pack (consumer c owns rows 64c..), Q and dO resident; the
 //     producer streams K and V of every listed kv block:
-//       S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K.
+//       S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K (7 GEMMs per pair in all).
 // Every product's B operand is a TMA-loaded tile read K-major (S, dP) or N-major (dV, dK, dQ).
 
 #include <cuda.h>
@@ -22,6 +17,7 @@
 
 #include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/attention_params.h"
+#include "kernels/cuda/bwd_dkdv_mainloop.cuh"
 #include "kernels/cuda/bwd_prep_kernel.cuh"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/hopper_utils.cuh"
@@ -35,170 +31,28 @@
 
 namespace harness::kernels::cuda::device {
 
-//! Tensor maps of the backward (see fwd_wgmma_kernel.cuh for the format): the q-side maps exist
-//! twice because the dK/dV steps (64 rows) and the dQ tiles (128 rows) pack different boxes.
-struct BwdTensorMaps {
-  CUtensorMap q_dkdv, dout_dkdv;  //!< boxes of the dK/dV step's 64 packed rows
-  CUtensorMap k_dkdv, v_dkdv;     //!< boxes of 128 keys (the dK/dV tile)
-  CUtensorMap dk, dv;             //!< boxes of 64 keys (one consumer's rows)
-  CUtensorMap q_dq, dout_dq;      //!< boxes of the dQ tile's 128 packed rows
-  CUtensorMap k_dq, v_dq;         //!< boxes of the dQ step's kBlockN keys
-  CUtensorMap dq;                 //!< boxes of one consumer's 64 rows
-};
-
 // ---- dK / dV ------------------------------------------------------------------------------------
 
+//! dK and dV of one kv block of one kv head: the dK/dV mainloop (bwd_dkdv_mainloop.cuh) without
+//! dQ, then the stores.
 template <class Cfg>
 __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const BwdTensorMaps& maps, const BwdScratch& scratch,
                                                     uint32_t smem, int kv_block, int kv_head, int batch) {
-  constexpr int kHeadDim = Cfg::kHeadDim;
-  constexpr int kStages = Cfg::kStages;
-  constexpr int kHalves = kHeadDim / 64;
-  constexpr int kKeys = Cfg::kDkdvKeys;  // 128
-  constexpr int kRows = Cfg::kDkdvRows;  // 64 query rows per step
-  // Shared memory: K, V resident; per stage Q, dO, (lse2, delta) rows and mask rows.
-  const uint32_t s_k = smem;
-  const uint32_t s_v = s_k + Cfg::kDkdvKvBytes;
-  const uint32_t s_q = s_v + Cfg::kDkdvKvBytes;                // kStages Q tiles
-  const uint32_t s_do = s_q + kStages * Cfg::kDkdvQBytes;      // kStages dO tiles
-  const uint32_t s_stats = s_do + kStages * Cfg::kDkdvQBytes;  // kStages x kRows float2
-  const uint32_t s_masks = s_stats + kStages * kRows * 8;      // kStages x kRows QueryMaskRow
-  const uint32_t s_bits = s_masks + kStages * kRows * 32;      // kStages x kKeys mask bit entries
-  const BwdBarriers<kStages> bar{s_bits + kStages * kKeys * 8};
-
-  const BlockListParams& blocks = p.dkdv_blocks;
-  const int block_m = blocks.block_m;
-  const int heads_packed = kRows / block_m;
-  const int group = p.shape.heads / p.shape.kv_heads;
-  const VisitList q_list = q_blocks_of(blocks, kv_block);
-  const int num_partial = q_list.num_partial, num_q_blocks = q_list.count;
-  // Steps run over (head pack, q block): every query head of the group, so dK/dV end complete.
-  const int num_steps = (group / heads_packed) * num_q_blocks;
-  auto q_block_at = [&](int step) { return step >= num_steps ? 0 : q_list.at(step % num_q_blocks); };
-  const int kv0 = kv_block * kKeys;
-
+  using Mainloop = BwdDkdvMainloop<typename Cfg::Dkdv, /*kAtomicDq=*/false>;
+  const Mainloop mainloop(smem);
+  const DkdvSteps steps = Mainloop::steps(p, kv_block, kv_head, 0, 1);
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   if (warpgroup == 0) {
     warpgroup_registers_decrease<Cfg::kProducerRegisters>();
     if (threadIdx.x != 0) return;
-    mbarrier_arrive_expect_tx(bar.resident(), 2 * Cfg::kDkdvKvBytes);
-#pragma unroll
-    for (int half = 0; half < kHalves; ++half) {
-      tma_load_4d(s_k + half * kKeys * 128, &maps.k_dkdv, bar.resident(), half * 64, kv0, kv_head, batch);
-      tma_load_4d(s_v + half * kKeys * 128, &maps.v_dkdv, bar.resident(), half * 64, kv0, kv_head, batch);
-    }
-    int q_block = q_block_at(0);
-    for (int step = 0; step < num_steps; ++step) {
-      const int next = q_block_at(step + 1);
-      const int stage = step % kStages;
-      const int head0 = kv_head * group + (step / num_q_blocks) * heads_packed;
-      const int q0 = q_block * block_m;
-      mbarrier_wait(bar.empty(stage), ((step / kStages) & 1) ^ 1);
-      const uint32_t q_stage = s_q + stage * Cfg::kDkdvQBytes;
-      const uint32_t do_stage = s_do + stage * Cfg::kDkdvQBytes;
-      // First: Q, the rows' (lse2, delta) (block_m per head, contiguous) and the positions' mask rows.
-      // A partial step within the table's slots also copies its keys' mask bits.
-      const int slot = step % num_q_blocks;
-      const bool bits = slot < num_partial && slot < tiling::kBwdMaskBitSlots;
-      const int bits_bytes = kKeys * (block_m / 8);
-      mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kDkdvQBytes + kRows * 8 + block_m * 32 + (bits ? bits_bytes : 0));
-#pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
-        tma_load_4d(q_stage + half * kRows * 128, &maps.q_dkdv, bar.first(stage), half * 64, q0, head0, batch);
-      }
-      for (int h = 0; h < heads_packed; ++h) {
-        bulk_load(s_stats + stage * kRows * 8 + h * block_m * 8,
-                  scratch.row_stats + (static_cast<int64_t>(batch) * p.shape.heads + head0 + h) * scratch.q_pad + q0,
-                  block_m * 8, bar.first(stage));
-      }
-      bulk_load(s_masks + stage * kRows * 32, scratch.mask_rows + q0, block_m * 32, bar.first(stage));
-      if (bits) {
-        bulk_load(s_bits + stage * kKeys * 8,
-                  scratch.key_bits + (static_cast<int64_t>(kv_block) * tiling::kBwdMaskBitSlots + slot) * bits_bytes,
-                  bits_bytes, bar.first(stage));
-      }
-      // Second: dO.
-      mbarrier_arrive_expect_tx(bar.second(stage), Cfg::kDkdvQBytes);
-#pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
-        tma_load_4d(do_stage + half * kRows * 128, &maps.dout_dkdv, bar.second(stage), half * 64, q0, head0, batch);
-      }
-      q_block = next;
-    }
-    return;
+    return mainloop.load(p, maps, scratch, steps, kv_block, kv_head, batch);
   }
-
   warpgroup_registers_increase<Cfg::kConsumerRegisters>();
-  const int consumer = warpgroup - 1;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int first_key = consumer * 64 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16;
-  const int my_kv[2] = {kv0 + first_key + (lane >> 2), kv0 + first_key + (lane >> 2) + 8};
-  const int32_t my_doc[2] = {key_doc(p.mask, my_kv[0]), key_doc(p.mask, my_kv[1])};
-  const float scale_log2 = p.scale * kLog2e;
-  const uint32_t k_rows = s_k + consumer * 64 * 128;
-  const uint32_t v_rows = s_v + consumer * 64 * 128;
-
-  float acc_dk[kHeadDim / 8][4] = {};
-  float acc_dv[kHeadDim / 8][4] = {};
-  mbarrier_wait(bar.resident(), 0);
-  for (int step = 0; step < num_steps; ++step) {
-    const int stage = step % kStages;
-    const uint32_t parity = (step / kStages) & 1;
-    const uint32_t q_stage = s_q + stage * Cfg::kDkdvQBytes;
-    const uint32_t do_stage = s_do + stage * Cfg::kDkdvQBytes;
-    const float2* stats = reinterpret_cast<const float2*>(__cvta_shared_to_generic(s_stats + stage * kRows * 8));
-    const QueryMaskRow* masks = reinterpret_cast<const QueryMaskRow*>(__cvta_shared_to_generic(s_masks + stage * kRows * 32));
-
-    // S^T (this consumer's 64 keys x 64 query rows) and dP^T = V dO^T, issued back to back: dP^T
-    // needs no P, so it runs while this consumer masks S^T and computes P^T.
-    float st[kRows / 8][4];
-    float dpt[kRows / 8][4];
-    mbarrier_wait(bar.first(stage), parity);
-    mbarrier_wait(bar.second(stage), parity);
-    wgmma_fence();
-    keys_times_rows<kHeadDim, kKeys, kRows>(st, k_rows, q_stage);
-    wgmma_commit();
-    keys_times_rows<kHeadDim, kKeys, kRows>(dpt, v_rows, do_stage);
-    wgmma_commit();
-    wgmma_wait<1>();  // S^T is in; dP^T runs on
-    fence_registers(st);
-    // Mask rows are per query position: column c (head c / block_m) reads position c % block_m.
-    if (const int slot = step % num_q_blocks; slot < num_partial) {
-      mask_partial_step_transposed<kRows>(st, slot, s_bits + stage * kKeys * 8, masks, block_m, my_doc, my_kv, kv0);
-    }
-    // P^T, kept as the bf16 A fragments of dV += P^T dO (dS^T below uses the same rounded values).
-    probabilities_transposed<kRows>(st, stats, scale_log2);
-    uint32_t pt[kRows / 16][4];
-    to_a_fragments<kRows / 16>(pt, st);
-
-    // dV += P^T dO, issued behind dP^T; dS^T is computed while it runs.
-    fence_registers(acc_dv);
-    wgmma_fence();
-    fragments_times_rows<kHeadDim, kRows>(acc_dv, pt, do_stage);
-    wgmma_commit();
-    wgmma_wait<1>();  // dP^T is in; dV runs on
-    fence_registers(dpt);
-
-    // dS^T = P^T (dP^T - delta), then dK += dS^T Q.
-    score_gradients_transposed<kRows>(dpt, pt, stats);
-    uint32_t dst[kRows / 16][4];
-    to_a_fragments<kRows / 16>(dst, dpt);
-    fence_registers(acc_dk);
-    wgmma_fence();
-    fragments_times_rows<kHeadDim, kRows>(acc_dk, dst, q_stage);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(acc_dv);
-    fence_registers(acc_dk);
-    mbarrier_arrive(bar.empty(stage));
-  }
-
-  // Epilogue: this consumer's 64 keys of dK (scaled) and dV, through its own rows of K and V.
-  named_barrier_sync(1 + consumer, 128);
-  store_consumer_rows<kHeadDim>(acc_dk, p.scale, s_k, kKeys, consumer * 64, consumer, &maps.dk, kv0 + consumer * 64, kv_head,
-                                batch);
-  store_consumer_rows<kHeadDim>(acc_dv, 1.f, s_v, kKeys, consumer * 64, consumer, &maps.dv, kv0 + consumer * 64, kv_head,
-                                batch);
+  const typename Mainloop::Thread thread = mainloop.thread(p, warpgroup - 1, steps.kv0);
+  float acc_dk[Cfg::kHeadDim / 8][4] = {};
+  float acc_dv[Cfg::kHeadDim / 8][4] = {};
+  mainloop.run_deterministic(thread, steps, acc_dk, acc_dv);
+  mainloop.store(p, maps, thread, steps, kv_head, batch, acc_dk, acc_dv);
 }
 
 // ---- dQ -----------------------------------------------------------------------------------------

@@ -90,6 +90,11 @@ struct BwdScratch {
   int32_t dkdv_splits = 1;   //!< wgmma_atomic's CTAs per (kv block, kv head, batch)
 };
 
+//! wgmma_atomic's fp32 dV accumulator (split kv blocks): after dK's [B, KVH, kv_pad, D] floats.
+__device__ __forceinline__ float* dv_accumulator(const BwdParams& p, const BwdScratch& scratch, int head_dim) {
+  return scratch.dkdv_accum + static_cast<int64_t>(p.shape.batch) * p.shape.kv_heads * scratch.kv_pad * head_dim;
+}
+
 //! log2-scaled LSE for recomputing P = 2^(S*scale*log2e - lse2). Rows that saw nothing have
 //! lse = -inf; mapping them to +inf makes every recomputed P exactly 0 (finite gradients, no NaN).
 __device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
