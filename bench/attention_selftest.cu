@@ -6,7 +6,8 @@
 // deterministic backwards are bitwise reproducible (wgmma_atomic: dK and dV bitwise, dQ to
 // rounding; dK and dV too where it splits kv blocks), then times every kernel at the real dims with CUDA events.
 //
-//   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I. kernels/cuda/attention_selftest.cu
+//   cmake --build BUILD --target harness_attention_selftest    (or, from the repository root:)
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I. bench/attention_selftest.cu
 //        kernels/cuda/attention_launch.cu -o attention_selftest      (one command line)
 //   ./attention_selftest [--quick | --small | --tiny] [--only TEXT] [--schedule-order ORDER]
 //                        [--plain-launches] [--log FILE]
