@@ -65,13 +65,22 @@ struct DkdvSteps {
 };
 
 //! The dK/dV tile (Layout: DkdvTileLayout) at the 1024-aligned shared memory `smem`.
-template <class Layout, bool kAtomicDq>
+template <class Layout, ElementType kElement, bool kAtomicDq>
 struct BwdDkdvMainloop {
-  static constexpr int kHeadDim = Layout::kHeadDim;
+  static constexpr int kHeadDim = Layout::kHeadDim;    // q·k: K, Q, dK
+  static constexpr int kHeadDimV = Layout::kHeadDimV;  // v: V, dO, dV
   static constexpr int kStages = Layout::kStages;
-  static constexpr int kHalves = kHeadDim / 64;
-  static constexpr int kKeys = Layout::kKeys;  // 128
+  static constexpr int kHalves = kHeadDim / 64;        // 64-column blocks of K, Q, dK
+  static constexpr int kHalvesV = kHeadDimV / 64;      // and of V, dO, dV
+  static constexpr int kKeys = Layout::kKeys;  // 128, or 64 with split columns
   static constexpr int kRows = Layout::kRows;  // 64 query rows per step
+  //! Split columns (Layout::kSplitColumns, head dims above 128): both consumers take all 64 keys
+  //! and consumer c keeps the 64-column blocks c, c + 2, ... of dK and of dV: kOwnedK and kOwnedV
+  //! of them at most (consumer 0's count where the blocks are odd).
+  static constexpr bool kSplitColumns = Layout::kSplitColumns;
+  static constexpr int kOwnedK = (kHalves + 1) / 2;
+  static constexpr int kOwnedV = (kHalvesV + 1) / 2;
+  static_assert(!(kAtomicDq && (kSplitColumns || kHeadDim != kHeadDimV)), "the atomic backward: head dims up to 128, alike");
 
   // kAtomicDq: dS^T (bf16, keys x queries, 128-byte swizzled rows of 64 queries, two buffers) and a
   // step's dQ tile (kRows x kHeadDim fp32, chunk-swizzled: dq_column_offset) in the layout's extra
@@ -122,11 +131,11 @@ struct BwdDkdvMainloop {
 
   __device__ __forceinline__ void load(const BwdParams& p, const BwdTensorMaps& maps, const BwdScratch& scratch,
                                        const DkdvSteps& t, int kv_block, int kv_head, int batch) const {
-    mbarrier_arrive_expect_tx(bar.resident(), 2 * Layout::kKvBytes);
+    mbarrier_arrive_expect_tx(bar.resident(), Layout::kKBytes + Layout::kVBytes);
 #pragma unroll
     for (int half = 0; half < kHalves; ++half) {
       tma_load_4d(s_k + half * kKeys * 128, &maps.k_dkdv, bar.resident(), half * 64, t.kv0, kv_head, batch);
-      tma_load_4d(s_v + half * kKeys * 128, &maps.v_dkdv, bar.resident(), half * 64, t.kv0, kv_head, batch);
+      if (half < kHalvesV) tma_load_4d(s_v + half * kKeys * 128, &maps.v_dkdv, bar.resident(), half * 64, t.kv0, kv_head, batch);
     }
     int q_block = t.q_list.at(0);
     for (int step = 0; step < t.num_steps; ++step) {
@@ -136,7 +145,7 @@ struct BwdDkdvMainloop {
       const int q0 = q_block * t.block_m;
       mbarrier_wait(bar.empty(stage), ((step / kStages) & 1) ^ 1);
       const uint32_t q_stage = s_q + stage * Layout::kQBytes;
-      const uint32_t do_stage = s_do + stage * Layout::kQBytes;
+      const uint32_t do_stage = s_do + stage * Layout::kDoBytes;
       // First: Q, the rows' (lse2, delta) (block_m per head, contiguous) and the positions' mask
       // rows. A partial step within the table's slots also copies its keys' mask bits.
       const int slot = step % t.num_q_blocks;
@@ -159,9 +168,9 @@ struct BwdDkdvMainloop {
                   bits_bytes, bar.first(stage));
       }
       // Second: dO.
-      mbarrier_arrive_expect_tx(bar.second(stage), Layout::kQBytes);
+      mbarrier_arrive_expect_tx(bar.second(stage), Layout::kDoBytes);
 #pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
+      for (int half = 0; half < kHalvesV; ++half) {
         tma_load_4d(do_stage + half * kRows * 128, &maps.dout_dkdv, bar.second(stage), half * 64, q0, head0, batch);
       }
       q_block = next;
@@ -171,12 +180,13 @@ struct BwdDkdvMainloop {
   // ---- Consumers ------------------------------------------------------------------------------------
 
   //! A consumer thread's keys: its warp's 16 of the consumer's 64 (rows g and g + 8 of the
-  //! accumulator layout for lane 4g + t), their documents, and the consumer's K and V rows.
+  //! accumulator layout for lane 4g + t), their documents, and the consumer's K and V rows (with
+  //! split columns every consumer's 64 keys are the tile's).
   struct Thread {
     int consumer;
     int lane;
     int warp_in_group;
-    int first_key;  //!< this warp's 16 keys within the tile's 128
+    int first_key;  //!< this warp's 16 keys within the tile's kKeys
     int my_kv[2];
     int32_t my_doc[2];
     float scale_log2;
@@ -187,14 +197,14 @@ struct BwdDkdvMainloop {
     th.consumer = consumer;
     th.lane = static_cast<int>(threadIdx.x) & 31;
     th.warp_in_group = (static_cast<int>(threadIdx.x) >> 5) & 3;
-    th.first_key = consumer * 64 + th.warp_in_group * 16;
+    th.first_key = (kSplitColumns ? 0 : consumer * 64) + th.warp_in_group * 16;
     th.my_kv[0] = kv0 + th.first_key + (th.lane >> 2);
     th.my_kv[1] = kv0 + th.first_key + (th.lane >> 2) + 8;
     th.my_doc[0] = key_doc(p.mask, th.my_kv[0]);
     th.my_doc[1] = key_doc(p.mask, th.my_kv[1]);
     th.scale_log2 = p.scale * kLog2e;
-    th.k_rows = s_k + consumer * 64 * 128;
-    th.v_rows = s_v + consumer * 64 * 128;
+    th.k_rows = s_k + (kSplitColumns ? 0 : consumer * 64 * 128);
+    th.v_rows = s_v + (kSplitColumns ? 0 : consumer * 64 * 128);
     return th;
   }
 
@@ -216,35 +226,44 @@ struct BwdDkdvMainloop {
                                           t.kv0);
     }
     probabilities_transposed<kRows>(st, stats(stage), th.scale_log2);
-    to_a_fragments<kRows / 16>(pt, st);
+    to_a_fragments<kRows / 16, kElement>(pt, st);
   }
 
   //! dP^T -> dS^T = P^T (dP^T - delta) and its bf16 A fragments.
   __device__ __forceinline__ void score_gradients(float (&dpt)[kRows / 8][4], const uint32_t (&pt)[kRows / 16][4],
                                                   uint32_t (&dst)[kRows / 16][4], int stage) const {
-    score_gradients_transposed<kRows>(dpt, pt, stats(stage));
-    to_a_fragments<kRows / 16>(dst, dpt);
+    score_gradients_transposed<kRows, kElement>(dpt, pt, stats(stage));
+    to_a_fragments<kRows / 16, kElement>(dst, dpt);
   }
 
-  //! The deterministic step loop: S^T and dP^T issued back to back (dP^T needs no P, so it runs
-  //! while this consumer masks S^T and computes P^T), dV behind dP^T, then dK.
-  __device__ __forceinline__ void run_deterministic(const Thread& th, const DkdvSteps& t, float (&acc_dk)[kHeadDim / 8][4], float (&acc_dv)[kHeadDim / 8][4]) const {
+  //! With split columns: a consumer's dK and dV blocks (block i is the head dim's 64-column block
+  //! consumer + 2 i; consumer 1 has one fewer where the blocks are odd).
+  using SplitDk = float[kOwnedK][8][4];
+  using SplitDv = float[kOwnedV][8][4];
+  //! The deterministic step loop: S^T (this consumer's keys x 64 query rows) and dP^T = V dO^T
+  //! issued back to back (dP^T needs no P, so it runs while this consumer masks S^T and computes
+  //! P^T), dV behind dP^T, then dK. With split columns (SplitDk, SplitDv) both consumers compute S^T
+  //! and dP^T over all 64 keys (the same products: the price of keeping half the accumulators) and
+  //! dV and dK only for their own column blocks.
+  template <class DkAccumulator, class DvAccumulator>
+  __device__ __forceinline__ void run_deterministic(const Thread& th, const DkdvSteps& t, DkAccumulator& acc_dk,
+                                                    DvAccumulator& acc_dv) const {
+    static_assert(!kAtomicDq, "the deterministic step loop leaves dQ to the dQ tiles");
     mbarrier_wait(bar.resident(), 0);
     for (int step = 0; step < t.num_steps; ++step) {
       const int stage = step % kStages;
       const uint32_t parity = (step / kStages) & 1;
       const uint32_t q_stage = s_q + stage * Layout::kQBytes;
-      const uint32_t do_stage = s_do + stage * Layout::kQBytes;
+      const uint32_t do_stage = s_do + stage * Layout::kDoBytes;
 
-      // S^T (this consumer's 64 keys x 64 query rows) and dP^T = V dO^T.
       float st[kRows / 8][4];
       float dpt[kRows / 8][4];
       mbarrier_wait(bar.first(stage), parity);
       mbarrier_wait(bar.second(stage), parity);
       wgmma_fence();
-      keys_times_rows<kHeadDim, kKeys, kRows>(st, th.k_rows, q_stage);
+      keys_times_rows<kHeadDim, kKeys, kRows, kElement>(st, th.k_rows, q_stage);
       wgmma_commit();
-      keys_times_rows<kHeadDim, kKeys, kRows>(dpt, th.v_rows, do_stage);
+      keys_times_rows<kHeadDimV, kKeys, kRows, kElement>(dpt, th.v_rows, do_stage);
       wgmma_commit();
       wgmma_wait<1>();  // S^T is in; dP^T runs on
       fence_registers(st);
@@ -252,9 +271,9 @@ struct BwdDkdvMainloop {
       probabilities(st, pt, th, t, step % t.num_q_blocks, stage);
 
       // dV += P^T dO, issued behind dP^T; dS^T is computed while it runs.
-      fence_registers(acc_dv);
+      fence_accumulator(acc_dv);
       wgmma_fence();
-      fragments_times_rows<kHeadDim, kRows>(acc_dv, pt, do_stage);
+      fragments_times_columns<kHeadDimV, kRows, kElement>(acc_dv, pt, do_stage, th.consumer);
       wgmma_commit();
       wgmma_wait<1>();  // dP^T is in; dV runs on
       fence_registers(dpt);
@@ -262,15 +281,25 @@ struct BwdDkdvMainloop {
       // dS^T = P^T (dP^T - delta), then dK += dS^T Q.
       uint32_t dst[kRows / 16][4];
       score_gradients(dpt, pt, dst, stage);
-      fence_registers(acc_dk);
+      fence_accumulator(acc_dk);
       wgmma_fence();
-      fragments_times_rows<kHeadDim, kRows>(acc_dk, dst, q_stage);
+      fragments_times_columns<kHeadDim, kRows, kElement>(acc_dk, dst, q_stage, th.consumer);
       wgmma_commit();
       wgmma_wait<0>();
-      fence_registers(acc_dv);
-      fence_registers(acc_dk);
+      fence_accumulator(acc_dv);
+      fence_accumulator(acc_dk);
       mbarrier_arrive(bar.empty(stage));
     }
+  }
+
+  //! Epilogue with split columns: once both consumers are past their last product (they share K
+  //! and V), each stores its blocks of dK (scaled) and dV through the blocks' own columns of K and V.
+  __device__ __forceinline__ void store_split(const BwdParams& p, const BwdTensorMaps& maps, const Thread& th,
+                                              const DkdvSteps& t, int kv_head, int batch, const SplitDk& acc_dk,
+                                              const SplitDv& acc_dv) const {
+    named_barrier_sync(kConsumersBarrier, 256);
+    store_kept_blocks<kOwnedK, kElement>(acc_dk, p.scale, s_k, kKeys, kHalves, th.consumer, &maps.dk, t.kv0, kv_head, batch);
+    store_kept_blocks<kOwnedV, kElement>(acc_dv, 1.f, s_v, kKeys, kHalvesV, th.consumer, &maps.dv, t.kv0, kv_head, batch);
   }
 
   //! The atomic step loop (kAtomicDq), 5 GEMMs. S^T of a step is issued at the end of the step
@@ -280,13 +309,14 @@ struct BwdDkdvMainloop {
   //! of the kernel (C7520; see the forward's notes). dV and dP^T are issued together; dS^T goes to
   //! registers (dK's operand) and to shared memory, where dQ = dS K reads it M-major once both
   //! consumers have written theirs; the step's dQ tile then goes to the reducer.
-  __device__ __forceinline__ void run_atomic(const Thread& th, const DkdvSteps& t, float (&acc_dk)[kHeadDim / 8][4], float (&acc_dv)[kHeadDim / 8][4]) const {
+  __device__ __forceinline__ void run_atomic(const Thread& th, const DkdvSteps& t, float (&acc_dk)[kHeadDim / 8][4],
+                                             float (&acc_dv)[kHeadDimV / 8][4]) const {
     static_assert(kAtomicDq, "the atomic step loop hands dQ to a reducer");
     const int consumer = th.consumer, lane = th.lane;
     float st[kRows / 8][4];
     auto issue_scores = [&](uint32_t q_stage) {
       wgmma_fence();
-      keys_times_rows<kHeadDim, kKeys, kRows>(st, th.k_rows, q_stage);
+      keys_times_rows<kHeadDim, kKeys, kRows, kElement>(st, th.k_rows, q_stage);
       wgmma_commit();
     };
     mbarrier_wait(bar.resident(), 0);
@@ -301,7 +331,7 @@ struct BwdDkdvMainloop {
       const int stage = step % kStages;
       const uint32_t parity = (step / kStages) & 1;
       const uint32_t q_stage = s_q + stage * Layout::kQBytes;
-      const uint32_t do_stage = s_do + stage * Layout::kQBytes;
+      const uint32_t do_stage = s_do + stage * Layout::kDoBytes;
 
       // S^T: this consumer's 64 keys x 64 query rows (issued by the step before).
       wgmma_wait<0>();
@@ -314,8 +344,8 @@ struct BwdDkdvMainloop {
       mbarrier_wait(bar.second(stage), parity);
       fence_registers(acc_dv);
       wgmma_fence();
-      fragments_times_rows<kHeadDim, kRows>(acc_dv, pt, do_stage);
-      keys_times_rows<kHeadDim, kKeys, kRows>(dpt, th.v_rows, do_stage);
+      fragments_times_rows<kHeadDimV, kRows, kElement>(acc_dv, pt, do_stage);
+      keys_times_rows<kHeadDimV, kKeys, kRows, kElement>(dpt, th.v_rows, do_stage);
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(acc_dv);
@@ -353,7 +383,7 @@ struct BwdDkdvMainloop {
       // dK += dS^T Q, issued now; it runs while the consumers meet below.
       fence_registers(acc_dk);
       wgmma_fence();
-      fragments_times_rows<kHeadDim, kRows>(acc_dk, dst, q_stage);
+      fragments_times_rows<kHeadDim, kRows, kElement>(acc_dk, dst, q_stage);
       wgmma_commit();
       named_barrier_sync(kConsumersBarrier, 256);  // dS^T of all 128 keys is in s_ds
 
@@ -366,7 +396,7 @@ struct BwdDkdvMainloop {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kKeys / 16; ++kk) {
-          wgmma_ss_mn<kDqColumns>(acc_dq, smem_descriptor(ds_tile + kk * 16 * 128, kRows * 128, 1024),
+          wgmma_ss_mn<kDqColumns, kElement>(acc_dq, smem_descriptor(ds_tile + kk * 16 * 128, kRows * 128, 1024),
                                   smem_descriptor(s_k + (dq_col0 / 64) * kKeys * 128 + kk * 16 * 128, kKeys * 128, 1024),
                                   kk > 0);
         }
@@ -417,7 +447,7 @@ struct BwdDkdvMainloop {
   __device__ __forceinline__ void add_partial(const BwdParams& p, const BwdScratch& scratch, const Thread& th,
                                               const DkdvSteps& t, int kv_head, int batch,
                                               const float (&acc_dk)[kHeadDim / 8][4],
-                                              const float (&acc_dv)[kHeadDim / 8][4]) const {
+                                              const float (&acc_dv)[kHeadDimV / 8][4]) const {
     static_assert(kStages * Layout::kQBytes == 64 * kHeadDim * 4, "one consumer's fp32 rows fill its stages");
     if (t.num_steps == 0) return;  // nothing to add
     const int consumer = th.consumer;
@@ -444,12 +474,12 @@ struct BwdDkdvMainloop {
   //! rows of K and V.
   __device__ __forceinline__ void store(const BwdParams& p, const BwdTensorMaps& maps, const Thread& th, const DkdvSteps& t,
                                         int kv_head, int batch, const float (&acc_dk)[kHeadDim / 8][4],
-                                        const float (&acc_dv)[kHeadDim / 8][4]) const {
+                                        const float (&acc_dv)[kHeadDimV / 8][4]) const {
     const int consumer = th.consumer;
     named_barrier_sync(1 + consumer, 128);
-    store_consumer_rows<kHeadDim>(acc_dk, p.scale, s_k, kKeys, consumer * 64, consumer, &maps.dk, t.kv0 + consumer * 64,
+    store_consumer_rows<kHeadDim, kElement>(acc_dk, p.scale, s_k, kKeys, consumer * 64, consumer, &maps.dk, t.kv0 + consumer * 64,
                                   kv_head, batch);
-    store_consumer_rows<kHeadDim>(acc_dv, 1.f, s_v, kKeys, consumer * 64, consumer, &maps.dv, t.kv0 + consumer * 64, kv_head,
+    store_consumer_rows<kHeadDimV, kElement>(acc_dv, 1.f, s_v, kKeys, consumer * 64, consumer, &maps.dv, t.kv0 + consumer * 64, kv_head,
                                   batch);
   }
 };

@@ -130,30 +130,30 @@ __device__ __forceinline__ void bwd_dkdv_tile(const BwdParams& p, const BwdScrat
 
     // S^T: 16 keys x kBlockM queries for this warp.
     float st[kBlockM / 8][4] = {};
-    gemm_rows_by_rows<kHeadDim, kBlockM / 8>(st, s_k, first_row, s_q_stage, 0);
+    gemm_rows_by_rows<kHeadDim, kBlockM / 8, Cfg::kElement>(st, s_k, first_row, s_q_stage, 0);
     if (step % num_q_blocks < num_partial) mask_scores_transposed<kBlockM>(st, masks, kBlockM - 1, my_doc, my_kv);
     // P^T, then dV += P^T dO. P^T is kept as the bf16 A fragments the MMA takes (16 registers
     // instead of 32), and dS^T below is computed from the same rounded P^T.
     probabilities_transposed<kBlockM>(st, stats, scale_log2);
     uint32_t pt[kBlockM / 16][4];
-    to_a_fragments<kBlockM / 16>(pt, st);
-    gemm_frags_by_tile<kHeadDim, kBlockM / 16>(acc_dv, pt, s_do_stage, 0);
+    to_a_fragments<kBlockM / 16, Cfg::kElement>(pt, st);
+    gemm_frags_by_tile<kHeadDim, kBlockM / 16, Cfg::kElement>(acc_dv, pt, s_do_stage, 0);
     // dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
     float dpt[kBlockM / 8][4] = {};
-    gemm_rows_by_rows<kHeadDim, kBlockM / 8>(dpt, s_v, first_row, s_do_stage, 0);
-    score_gradients_transposed<kBlockM>(dpt, pt, stats);
-    gemm_regs_by_tile<kHeadDim, kBlockM / 16>(acc_dk, dpt, s_q_stage, 0);
+    gemm_rows_by_rows<kHeadDim, kBlockM / 8, Cfg::kElement>(dpt, s_v, first_row, s_do_stage, 0);
+    score_gradients_transposed<kBlockM, Cfg::kElement>(dpt, pt, stats);
+    gemm_regs_by_tile<kHeadDim, kBlockM / 16, Cfg::kElement>(acc_dk, dpt, s_q_stage, 0);
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];
     upcoming[kStages - 1] = fetched;
   }
   cp_async_wait<0>();
   __syncthreads();
-  accumulator_to_smem<kHeadDim>(s_k, first_row, acc_dk, p.scale, p.scale);
+  accumulator_to_smem<kHeadDim, Cfg::kElement>(s_k, first_row, acc_dk, p.scale, p.scale);
   store_warp_rows<kHeadDim>(s_k, first_row, [&](int row) -> __nv_bfloat16* {
     return kv0 + row < kv_len ? const_cast<__nv_bfloat16*>(row_pointer(p.dk, batch, kv_head, kv0 + row)) : nullptr;
   });
-  accumulator_to_smem<kHeadDim>(s_v, first_row, acc_dv, 1.f, 1.f);
+  accumulator_to_smem<kHeadDim, Cfg::kElement>(s_v, first_row, acc_dv, 1.f, 1.f);
   store_warp_rows<kHeadDim>(s_v, first_row, [&](int row) -> __nv_bfloat16* {
     return kv0 + row < kv_len ? const_cast<__nv_bfloat16*>(row_pointer(p.dv, batch, kv_head, kv0 + row)) : nullptr;
   });
@@ -226,21 +226,21 @@ __device__ __forceinline__ void bwd_dq_tile(const BwdParams& p, const BwdScratch
     const uint32_t s_k_stage = s_k + static_cast<uint32_t>(stage * KvTile::kBytes);
     const uint32_t s_v_stage = s_v + static_cast<uint32_t>(stage * KvTile::kBytes);
     float s[kBlockN / 8][4] = {};
-    gemm_rows_by_rows<kHeadDim, kBlockN / 8>(s, s_q, first_row, s_k_stage, 0);
+    gemm_rows_by_rows<kHeadDim, kBlockN / 8, Cfg::kElement>(s, s_q, first_row, s_k_stage, 0);
     const int kv0 = upcoming[0] * kBlockN;
     if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
     probabilities<kBlockN>(s, row_lse2, scale_log2);
     float dp[kBlockN / 8][4] = {};
-    gemm_rows_by_rows<kHeadDim, kBlockN / 8>(dp, s_do, first_row, s_v_stage, 0);
+    gemm_rows_by_rows<kHeadDim, kBlockN / 8, Cfg::kElement>(dp, s_do, first_row, s_v_stage, 0);
     score_gradients<kBlockN>(s, dp, row_delta);
-    gemm_regs_by_tile<kHeadDim, kBlockN / 16>(acc_dq, s, s_k_stage, 0);
+    gemm_regs_by_tile<kHeadDim, kBlockN / 16, Cfg::kElement>(acc_dq, s, s_k_stage, 0);
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];
     upcoming[kStages - 1] = fetched;
   }
   cp_async_wait<0>();
   __syncthreads();
-  accumulator_to_smem<kHeadDim>(s_q, first_row, acc_dq, p.scale, p.scale);
+  accumulator_to_smem<kHeadDim, Cfg::kElement>(s_q, first_row, acc_dq, p.scale, p.scale);
   store_warp_rows<kHeadDim>(s_q, first_row, [&](int row) -> __nv_bfloat16* {
     const int q = rows.query(row);
     return q < q_len ? const_cast<__nv_bfloat16*>(row_pointer(p.dq, batch, rows.head(row), q)) : nullptr;

@@ -26,12 +26,15 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int head = static_cast<int>((row / scratch.q_pad) % p.shape.heads);
   const int batch = static_cast<int>(row / (static_cast<int64_t>(scratch.q_pad) * p.shape.heads));
   const bool real = row < rows_total && q < p.shape.q_len;
+  // O and dO have v_head_dim real columns (a padded instantiation has threads for more).
+  const bool real_chunk = chunk * 8 < value_head_dim(p.shape);
   // Launched programmatically (attention_launch.cu): the kernel ahead, whatever it is, may have
   // written dO or still read the memory this kernel writes, so wait for it first.
   grid_dependency_wait();
   if (scratch.dq_accum != nullptr && row < rows_total) {
     // wgmma_atomic: zero this row's chunk of the fp32 dQ accumulator (same rows, kHeadDim floats
-    // each), in place of a memset launch; the stores need nothing loaded, so they go out first.
+    // each: its head dims are alike, so the row's threads cover them), in place of a memset launch;
+    // the stores need nothing loaded, so they go out first.
     float4* accum = reinterpret_cast<float4*>(scratch.dq_accum + row * Cfg::kHeadDim + chunk * 8);
     accum[0] = make_float4(0.f, 0.f, 0.f, 0.f);
     accum[1] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -47,15 +50,15 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     }
   }
   float sum = 0.f;
-  if (real) {
+  if (real && real_chunk) {
     const uint4 o = load_once_16(row_pointer(p.o, batch, head, q) + chunk * 8);
     const uint4 d = load_once_16(row_pointer(p.dout, batch, head, q) + chunk * 8);
-    const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&o);
-    const __nv_bfloat162* d2 = reinterpret_cast<const __nv_bfloat162*>(&d);
+    const uint32_t o2[4] = {o.x, o.y, o.z, o.w};
+    const uint32_t d2[4] = {d.x, d.y, d.z, d.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float2 of = __bfloat1622float2(o2[i]);
-      const float2 df = __bfloat1622float2(d2[i]);
+      const float2 of = unpack2<Cfg::kElement>(o2[i]);
+      const float2 df = unpack2<Cfg::kElement>(d2[i]);
       sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
     }
   }

@@ -53,17 +53,20 @@
 namespace harness::kernels::cuda::device {
 
 //! Writes 8 columns from `col` of an fp32 accumulator row (chunk-swizzled by `swizzle_row`, see
-//! dq_column_offset) to `dst` as bf16, times `factor`.
-__device__ __forceinline__ void convert_accumulator_row(const float* accum_row, int swizzle_row, int col, float factor,
-                                                        const __nv_bfloat16* dst) {
+//! dq_column_offset) to `dst` in the element type, times `factor`; nothing where `col` is past the
+//! tensor's real `columns` (a padded instantiation has threads for more).
+template <ElementType kElement>
+__device__ __forceinline__ void convert_accumulator_row(const float* accum_row, int swizzle_row, int col, int columns,
+                                                        float factor, const __nv_bfloat16* dst) {
+  if (col >= columns) return;
   const unsigned char* bytes = reinterpret_cast<const unsigned char*>(accum_row);
   const float4 a = *reinterpret_cast<const float4*>(bytes + dq_column_offset(swizzle_row, col));
   const float4 b = *reinterpret_cast<const float4*>(bytes + dq_column_offset(swizzle_row, col + 4));
   uint4 out;
-  out.x = pack_bf16(a.x * factor, a.y * factor);
-  out.y = pack_bf16(a.z * factor, a.w * factor);
-  out.z = pack_bf16(b.x * factor, b.y * factor);
-  out.w = pack_bf16(b.z * factor, b.w * factor);
+  out.x = pack2<kElement>(a.x * factor, a.y * factor);
+  out.y = pack2<kElement>(a.z * factor, a.w * factor);
+  out.z = pack2<kElement>(b.x * factor, b.y * factor);
+  out.w = pack2<kElement>(b.z * factor, b.w * factor);
   *reinterpret_cast<uint4*>(const_cast<__nv_bfloat16*>(dst) + col) = out;
 }
 
@@ -71,7 +74,7 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     attention_bwd_atomic_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ BwdTensorMaps maps,
                                 const BwdScratch scratch) {
-  using Mainloop = BwdDkdvMainloop<typename Cfg::Dkdv, /*kAtomicDq=*/true>;
+  using Mainloop = BwdDkdvMainloop<typename Cfg::Dkdv, Cfg::kElement, /*kAtomicDq=*/true>;
   extern __shared__ unsigned char smem_raw[];
   const Mainloop mainloop((smem_address(smem_raw) + 1023u) & ~1023u);
   if (threadIdx.x == 0) mainloop.init_barriers();
@@ -127,7 +130,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     const float* tensor = is_dv ? dv_accumulator(p, scratch, kHeadDim) : scratch.dkdv_accum;
     // The tiles' chunk swizzle keys on the tile row: kv blocks and consumer halves start at
     // multiples of 64 keys, so the row of kv is swizzled by kv % 8.
-    convert_accumulator_row(tensor + (bh * scratch.kv_pad + kv) * kHeadDim, kv, col, is_dv ? 1.f : p.scale,
+    convert_accumulator_row<Cfg::kElement>(tensor + (bh * scratch.kv_pad + kv) * kHeadDim, kv, col,
+                            is_dv ? value_head_dim(p.shape) : p.shape.head_dim, is_dv ? 1.f : p.scale,
                             row_pointer(is_dv ? p.dv : p.dk, batch, kv_head, kv));
     return;
   }
@@ -137,7 +141,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int batch = static_cast<int>(bh / p.shape.heads);
   // The tiles' chunk swizzle keys on the tile row, whose low 3 bits are q's (q blocks start at
   // multiples of 16), so the accumulator row of q is swizzled by q % 8.
-  convert_accumulator_row(scratch.dq_accum + (bh * scratch.q_pad + q) * kHeadDim, q, col, p.scale,
+  convert_accumulator_row<Cfg::kElement>(scratch.dq_accum + (bh * scratch.q_pad + q) * kHeadDim, q, col, p.shape.head_dim, p.scale,
                           row_pointer(p.dq, batch, head, q));
 }
 

@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/attention_params.h"
@@ -38,10 +39,13 @@ namespace harness::kernels::cuda::device {
 template <class Cfg>
 __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const BwdTensorMaps& maps, const BwdScratch& scratch,
                                                     uint32_t smem, int kv_block, int kv_head, int batch) {
-  using Mainloop = BwdDkdvMainloop<typename Cfg::Dkdv, /*kAtomicDq=*/false>;
+  using Mainloop = BwdDkdvMainloop<typename Cfg::Dkdv, Cfg::kElement, /*kAtomicDq=*/false>;
   const Mainloop mainloop(smem);
   const DkdvSteps steps = Mainloop::steps(p, kv_block, kv_head, 0, 1);
-  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  // With split columns the consumer index decides which products a warpgroup issues: broadcast
+  // from lane 0 (warpgroup_index), ptxas knows those branches are uniform and does not serialize
+  // the wgmma under them.
+  const int warpgroup = Cfg::kSplitColumns ? warpgroup_index() : static_cast<int>(threadIdx.x) / 128;
   if (warpgroup == 0) {
     warpgroup_registers_decrease<Cfg::kProducerRegisters>();
     if (threadIdx.x != 0) return;
@@ -49,33 +53,45 @@ __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const Bw
   }
   warpgroup_registers_increase<Cfg::kConsumerRegisters>();
   const typename Mainloop::Thread thread = mainloop.thread(p, warpgroup - 1, steps.kv0);
-  float acc_dk[Cfg::kHeadDim / 8][4] = {};
-  float acc_dv[Cfg::kHeadDim / 8][4] = {};
-  mainloop.run_deterministic(thread, steps, acc_dk, acc_dv);
-  mainloop.store(p, maps, thread, steps, kv_head, batch, acc_dk, acc_dv);
+  if constexpr (Cfg::kSplitColumns) {
+    typename Mainloop::SplitDk acc_dk = {};
+    typename Mainloop::SplitDv acc_dv = {};
+    mainloop.run_deterministic(thread, steps, acc_dk, acc_dv);
+    mainloop.store_split(p, maps, thread, steps, kv_head, batch, acc_dk, acc_dv);
+  } else {
+    float acc_dk[Cfg::kHeadDim / 8][4] = {};
+    float acc_dv[Cfg::kHeadDimV / 8][4] = {};
+    mainloop.run_deterministic(thread, steps, acc_dk, acc_dv);
+    mainloop.store(p, maps, thread, steps, kv_head, batch, acc_dk, acc_dv);
+  }
 }
 
 // ---- dQ -----------------------------------------------------------------------------------------
 
 //! dQ of one q block for `tiles` (1 or 2) head packs, one after the other: pack `pack`, then
 //! pack + 1. Each has its own Q and dO buffers, and the second's are loaded while the first runs,
-//! so a CTA pays the wait for a tile's resident rows (and the row info's loads) once for both
-//! (session 19: the dQ tiles of sliding_window-8k are ~17 steps each, and that wait was a tenth of
-//! them). The K/V stage ring runs on across the two.
+//! so a CTA pays the wait for a tile's resident rows (and the row info's loads) once for both (the
+//! dQ tiles of sliding_window-8k are ~17 steps each, and that wait was a tenth of them). The K/V
+//! stage ring runs on across the two. With split columns (Cfg::kSplitColumns) the tile is 64 rows
+//! that both consumers share: each computes S and dP in full and keeps its 64-column blocks of dQ.
 template <class Cfg>
 __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdTensorMaps& maps, const BwdScratch& scratch,
                                                   uint32_t smem, int q_block, int pack, int tiles, int batch) {
   constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kHeadDimV = Cfg::kHeadDimV;
+  constexpr ElementType kElement = Cfg::kElement;
   constexpr int kStages = Cfg::kStages;
   constexpr int kHalves = kHeadDim / 64;
-  constexpr int kRows = Cfg::kDqRows;      // 128
+  constexpr int kHalvesV = kHeadDimV / 64;
+  constexpr bool kSplit = Cfg::kSplitColumns;
+  constexpr int kOwned = (kHalves + 1) / 2;  // dQ blocks a consumer keeps with split columns
+  constexpr int kRows = Cfg::kDqRows;      // 128, or 64 with split columns
   constexpr int kBlockN = Cfg::kDqBlockN;  // keys per step
-  static_assert(Cfg::kDqTiles == 2, "two Q/dO buffers");
-  auto s_q = [&](int tile) { return smem + tile * 2 * Cfg::kDqQBytes; };
-  auto s_do = [&](int tile) { return smem + tile * 2 * Cfg::kDqQBytes + Cfg::kDqQBytes; };
-  const uint32_t s_k = smem + Cfg::kDqTiles * 2 * Cfg::kDqQBytes;  // kStages K tiles
-  const uint32_t s_v = s_k + kStages * Cfg::kDqKvBytes;            // kStages V tiles
-  const BwdBarriers<kStages> bar{s_v + kStages * Cfg::kDqKvBytes};
+  auto s_q = [&](int tile) { return smem + tile * (Cfg::kDqQBytes + Cfg::kDqDoBytes); };
+  auto s_do = [&](int tile) { return smem + tile * (Cfg::kDqQBytes + Cfg::kDqDoBytes) + Cfg::kDqQBytes; };
+  const uint32_t s_k = smem + Cfg::kDqTiles * (Cfg::kDqQBytes + Cfg::kDqDoBytes);  // kStages K tiles
+  const uint32_t s_v = s_k + kStages * Cfg::kDqKBytes;                             // kStages V tiles
+  const BwdBarriers<kStages> bar{s_v + kStages * Cfg::kDqVBytes};
   // The second tile's resident rows: the barrier after the stage ring's.
   auto resident = [&](int tile) { return tile == 0 ? bar.resident() : bar.base + 8u * (1 + 3 * kStages); };
 
@@ -88,17 +104,22 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
   const int num_partial = kv_list.num_partial, num_blocks = kv_list.count;
   auto kv_block_at = [&](int step) { return kv_list.at(step); };
 
-  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  // With split columns the consumer index decides which products a warpgroup issues: broadcast
+  // from lane 0 (warpgroup_index), ptxas knows those branches are uniform and does not serialize
+  // the wgmma under them.
+  const int warpgroup = Cfg::kSplitColumns ? warpgroup_index() : static_cast<int>(threadIdx.x) / 128;
   if (warpgroup == 0) {
     warpgroup_registers_decrease<Cfg::kProducerRegisters>();
     if (threadIdx.x != 0) return;
     auto load_resident = [&](int tile) {
       const PackedRows rows = rows_of(tile);
-      mbarrier_arrive_expect_tx(resident(tile), 2 * Cfg::kDqQBytes);
+      mbarrier_arrive_expect_tx(resident(tile), Cfg::kDqQBytes + Cfg::kDqDoBytes);
 #pragma unroll
       for (int half = 0; half < kHalves; ++half) {
         tma_load_4d(s_q(tile) + half * kRows * 128, &maps.q_dq, resident(tile), half * 64, rows.q0, rows.head0, batch);
-        tma_load_4d(s_do(tile) + half * kRows * 128, &maps.dout_dq, resident(tile), half * 64, rows.q0, rows.head0, batch);
+        if (half < kHalvesV) {
+          tma_load_4d(s_do(tile) + half * kRows * 128, &maps.dout_dq, resident(tile), half * 64, rows.q0, rows.head0, batch);
+        }
       }
     };
     load_resident(0);
@@ -110,16 +131,16 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
         const int next = kv_block_at(step + 1);
         const int stage = ring % kStages;
         mbarrier_wait(bar.empty(stage), ((ring / kStages) & 1) ^ 1);
-        mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kDqKvBytes);
+        mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kDqKBytes);
 #pragma unroll
         for (int half = 0; half < kHalves; ++half) {
-          tma_load_4d(s_k + stage * Cfg::kDqKvBytes + half * kBlockN * 128, &maps.k_dq, bar.first(stage), half * 64,
+          tma_load_4d(s_k + stage * Cfg::kDqKBytes + half * kBlockN * 128, &maps.k_dq, bar.first(stage), half * 64,
                       kv_block * kBlockN, kv_head, batch);
         }
-        mbarrier_arrive_expect_tx(bar.second(stage), Cfg::kDqKvBytes);
+        mbarrier_arrive_expect_tx(bar.second(stage), Cfg::kDqVBytes);
 #pragma unroll
-        for (int half = 0; half < kHalves; ++half) {
-          tma_load_4d(s_v + stage * Cfg::kDqKvBytes + half * kBlockN * 128, &maps.v_dq, bar.second(stage), half * 64,
+        for (int half = 0; half < kHalvesV; ++half) {
+          tma_load_4d(s_v + stage * Cfg::kDqVBytes + half * kBlockN * 128, &maps.v_dq, bar.second(stage), half * 64,
                       kv_block * kBlockN, kv_head, batch);
         }
         // The second tile's Q and dO go out behind the first step's K and V.
@@ -134,7 +155,7 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
   warpgroup_registers_increase<Cfg::kConsumerRegisters>();
   const int consumer = warpgroup - 1;
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int first_row = consumer * 64 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16;
+  const int first_row = (kSplit ? 0 : consumer * 64) + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16;
   const int my_row[2] = {first_row + (lane >> 2), first_row + (lane >> 2) + 8};
   QueryMask row_mask[2];
   float row_lse2[2];
@@ -158,8 +179,8 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
 
   int ring = 0;
   for (int tile = 0; tile < tiles; ++tile) {
-    const uint32_t q_rows = s_q(tile) + consumer * 64 * 128;
-    const uint32_t do_rows = s_do(tile) + consumer * 64 * 128;
+    const uint32_t q_rows = s_q(tile) + (kSplit ? 0 : consumer * 64 * 128);
+    const uint32_t do_rows = s_do(tile) + (kSplit ? 0 : consumer * 64 * 128);
     if (tile == 1) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -167,15 +188,16 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
         row_delta[i] = next_delta[i];
       }
     }
-    float acc_dq[kHeadDim / 8][4] = {};
+    // dQ: this consumer's 64 rows x the head dim, or with split columns its blocks of the tile's rows.
+    std::conditional_t<kSplit, float[kOwned][8][4], float[kHeadDim / 8][4]> acc_dq = {};
     int kv_block = kv_block_at(0);
     mbarrier_wait(resident(tile), 0);
     for (int step = 0; step < num_blocks; ++step, ++ring) {
       const int next = kv_block_at(step + 1);
       const int stage = ring % kStages;
       const uint32_t parity = (ring / kStages) & 1;
-      const uint32_t k_stage = s_k + stage * Cfg::kDqKvBytes;
-      const uint32_t v_stage = s_v + stage * Cfg::kDqKvBytes;
+      const uint32_t k_stage = s_k + stage * Cfg::kDqKBytes;
+      const uint32_t v_stage = s_v + stage * Cfg::kDqVBytes;
 
       // S = Q K^T and dP = dO V^T, issued together.
       float s[kBlockN / 8][4];
@@ -185,10 +207,10 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
       if (table) keep = keep_bits_from_table<kBlockN>(table_row[0] + step * block_m, table_row[1] + step * block_m);
       mbarrier_wait(bar.first(stage), parity);
       wgmma_fence();
-      keys_times_rows<kHeadDim, kRows, kBlockN>(s, q_rows, k_stage);
+      keys_times_rows<kHeadDim, kRows, kBlockN, kElement>(s, q_rows, k_stage);
       wgmma_commit();
       mbarrier_wait(bar.second(stage), parity);
-      keys_times_rows<kHeadDim, kRows, kBlockN>(dp, do_rows, v_stage);
+      keys_times_rows<kHeadDimV, kRows, kBlockN, kElement>(dp, do_rows, v_stage);
       wgmma_commit();
       wgmma_wait<1>();  // S is in; dP may still run
       fence_registers(s);
@@ -203,24 +225,32 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
       fence_registers(dp);
       score_gradients<kBlockN>(s, dp, row_delta);
       uint32_t ds[kBlockN / 16][4];
-      to_a_fragments<kBlockN / 16>(ds, s);
-      fence_registers(acc_dq);
+      to_a_fragments<kBlockN / 16, kElement>(ds, s);
+      fence_accumulator(acc_dq);
       wgmma_fence();
-      fragments_times_rows<kHeadDim, kBlockN>(acc_dq, ds, k_stage);
+      fragments_times_columns<kHeadDim, kBlockN, kElement>(acc_dq, ds, k_stage, consumer);
       wgmma_commit();
       wgmma_wait<0>();
-      fence_registers(acc_dq);
+      fence_accumulator(acc_dq);
       mbarrier_arrive(bar.empty(stage));
       kv_block = next;
     }
 
     // The output goes out through this consumer's own Q rows of the tile (no product reads them
-    // any more); the first tile's buffer is not reused, so only the last store is waited for.
-    named_barrier_sync(1 + consumer, 128);
+    // any more); the first tile's buffer is not reused, so only the last store is waited for. With
+    // split columns through its blocks of the shared rows, once both consumers are past their
+    // products.
     const PackedRows rows = rows_of(tile);
-    const int row0 = consumer * 64;
-    store_consumer_rows<kHeadDim>(acc_dq, p.scale, s_q(tile), kRows, row0, consumer, &maps.dq, rows.query(row0),
-                                  rows.head(row0), batch, /*wait_read=*/tile + 1 == tiles);
+    if constexpr (kSplit) {
+      named_barrier_sync(kConsumersBarrier, 256);
+      store_kept_blocks<kOwned, kElement>(acc_dq, p.scale, s_q(tile), kRows, kHalves, consumer, &maps.dq, rows.query(0),
+                                          rows.head(0), batch);
+    } else {
+      named_barrier_sync(1 + consumer, 128);
+      const int row0 = consumer * 64;
+      store_consumer_rows<kHeadDim, kElement>(acc_dq, p.scale, s_q(tile), kRows, row0, consumer, &maps.dq, rows.query(row0),
+                                              rows.head(row0), batch, /*wait_read=*/tile + 1 == tiles);
+    }
   }
 }
 
@@ -238,7 +268,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // dQ tiles run in pairs of head packs where the packs are even (bwd_dq_wgmma_tile, dq_tiles_per_cta):
   // the CTA of an odd pack has nothing to do.
   const int num_packs = p.shape.heads / (Cfg::kDqRows / p.dq_blocks.block_m);
-  const int dq_tiles = dq_tiles_per_cta(num_packs);
+  const int dq_tiles = Cfg::kDqTiles == 2 ? dq_tiles_per_cta(num_packs) : 1;
   if (!dkdv && dq_tiles == 2 && (work.copy % num_packs) % 2 == 1) return;
   const uint32_t bars = smem + (dkdv ? Cfg::kDkdvBarrierOffset : Cfg::kDqBarrierOffset);
   if (threadIdx.x == 0) {

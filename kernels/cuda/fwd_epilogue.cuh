@@ -1,6 +1,6 @@
 #pragma once
 // The Hopper forward's epilogue (device code only): a consumer warpgroup's end of a work item. Each
-// row's LSE straight from registers (finish_rows), O / rowsum as bf16 into the item's O tile (a
+// row's LSE straight from registers (finish_rows), O / rowsum in the element type into the item's O tile (a
 // tile of its own with persistent CTAs at one per SM, else the item's Q rows, no longer read), one
 // TMA store of the warpgroup's 64 rows.
 
@@ -16,7 +16,7 @@ namespace harness::kernels::cuda::device {
 
 template <class Cfg>
 struct FwdEpilogue {
-  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kHeadDimV = Cfg::kHeadDimV;
   static constexpr int kBlockM = Cfg::kBlockM;
 
   //! The item of `tile` (its packed rows and batch) out: LSE and O. With an O tile of its own the
@@ -24,7 +24,7 @@ struct FwdEpilogue {
   //! store releases it once read.
   static __device__ __forceinline__ void store(const FwdParams& p, const FwdTensorMaps& maps, const FwdSharedStorage<Cfg>& smem,
                                                const FwdConsumerThread& thread, int tile, const PackedRows& rows, int batch,
-                                               const float (&acc_o)[kHeadDim / 8][4], const float (&row_max)[2],
+                                               const float (&acc_o)[kHeadDimV / 8][4], const float (&row_max)[2],
                                                const float (&row_sum)[2], float scale_log2) {
     const int consumer = thread.consumer, lane = thread.lane;
     const uint32_t s_o = smem.s_o(tile);
@@ -36,11 +36,11 @@ struct FwdEpilogue {
     if (smem.own_o && thread.storer) tma_store_wait_read();
     named_barrier_sync(1 + consumer, 128);
 #pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
+    for (int j = 0; j < kHeadDimV / 8; ++j) {
       const int col = j * 8 + (lane & 3) * 2;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const uint32_t packed = pack_bf16(acc_o[j][2 * i] * inv_sum[i], acc_o[j][2 * i + 1] * inv_sum[i]);
+        const uint32_t packed = pack2<Cfg::kElement>(acc_o[j][2 * i] * inv_sum[i], acc_o[j][2 * i + 1] * inv_sum[i]);
         asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(s_o + swizzled_offset(kBlockM, thread.my_row[i], col)), "r"(packed)
                      : "memory");
       }
@@ -54,7 +54,7 @@ struct FwdEpilogue {
       const int head = rows.head(row0);
       const int q0 = rows.query(row0);
 #pragma unroll
-      for (int half = 0; half < kHeadDim / 64; ++half) {
+      for (int half = 0; half < kHeadDimV / 64; ++half) {
         tma_store_4d(&maps.o, s_o + consumer * 64 * 128 + half * kBlockM * 128, half * 64, q0, head, batch);
       }
       tma_store_commit();

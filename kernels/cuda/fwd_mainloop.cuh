@@ -56,9 +56,9 @@ struct FwdSharedStorage {
   __device__ __forceinline__ FwdSharedStorage(const unsigned char* smem_raw, bool own_o_) : own_o(own_o_) {
     s_q0 = (smem_address(smem_raw) + 1023u) & ~1023u;
     s_k = s_q0 + q_buffers() * Cfg::kQBytes;
-    s_v = s_k + kStages * Cfg::kKvBytes;
-    s_o0 = own_o ? s_v + kStages * Cfg::kKvBytes : s_q0;
-    bars = s_v + kStages * Cfg::kKvBytes + (own_o ? Cfg::kQBytes : 0);
+    s_v = s_k + kStages * Cfg::kKBytes;
+    s_o0 = own_o ? s_v + kStages * Cfg::kVBytes : s_q0;
+    bars = s_v + kStages * Cfg::kVBytes + (own_o ? Cfg::kOBytes : 0);
   }
   __device__ __forceinline__ int q_buffers() const { return own_o ? 2 : 1; }
   //! A work item's Q buffer, and how many items used that buffer before it (its barriers' phase).
@@ -137,13 +137,12 @@ __device__ __forceinline__ void fwd_load_item(const FwdTensorMaps& maps, const F
                                               const VisitList& kv_list) {
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kBlockN = Cfg::kBlockN;
-  constexpr int kHalves = Cfg::kHeadDim / 64;
   const int num_blocks = kv_list.count;
   auto load_q = [&] {
     if (smem.q_use(tile) > 0) mbarrier_wait(smem.q_empty(tile), (smem.q_use(tile) - 1) & 1);
     mbarrier_arrive_expect_tx(smem.q_full(tile), Cfg::kQBytes);
 #pragma unroll
-    for (int half = 0; half < kHalves; ++half) {
+    for (int half = 0; half < Cfg::kHeadDim / 64; ++half) {
       tma_load_4d(smem.s_q(tile) + half * kBlockM * 128, &maps.q, smem.q_full(tile), half * 64, work.rows.q0,
                   work.rows.head0, work.batch);
     }
@@ -155,17 +154,21 @@ __device__ __forceinline__ void fwd_load_item(const FwdTensorMaps& maps, const F
     const int next = kv_list.at(step + 1);  // read one step ahead: its latency hides behind the wait
     const int stage = ring.stage(step);
     const uint32_t empty_parity = ring.phase(step) ^ 1;
-    // K, then V, each into its stage once the consumers have released it.
-    auto load_stage = [&](uint32_t tile_address, const CUtensorMap* map, uint32_t full, uint32_t empty) {
+    // K, then V, each into its stage once the consumers have released it: kColumns wide (q·k or v
+    // head dim), as 64-column blocks kBlockN rows apart.
+    auto load_stage = [&](auto columns, uint32_t tile_address, const CUtensorMap* map, uint32_t full, uint32_t empty) {
+      constexpr int kColumns = decltype(columns)::value;
       mbarrier_wait(empty, empty_parity);
-      mbarrier_arrive_expect_tx(full, Cfg::kKvBytes);
+      mbarrier_arrive_expect_tx(full, kBlockN * kColumns * 2);
 #pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
+      for (int half = 0; half < kColumns / 64; ++half) {
         tma_load_4d(tile_address + half * kBlockN * 128, map, full, half * 64, kv_block * kBlockN, work.kv_head, work.batch);
       }
     };
-    load_stage(smem.s_k + stage * Cfg::kKvBytes, &maps.k, smem.k_full(stage), smem.k_empty(stage));
-    load_stage(smem.s_v + stage * Cfg::kKvBytes, &maps.v, smem.v_full(stage), smem.v_empty(stage));
+    load_stage(std::integral_constant<int, Cfg::kHeadDim>{}, smem.s_k + stage * Cfg::kKBytes, &maps.k, smem.k_full(stage),
+               smem.k_empty(stage));
+    load_stage(std::integral_constant<int, Cfg::kHeadDimV>{}, smem.s_v + stage * Cfg::kVBytes, &maps.v, smem.v_full(stage),
+               smem.v_empty(stage));
     if (step == 0 && !q_first) load_q();
     kv_block = next;
   }
@@ -177,6 +180,8 @@ __device__ __forceinline__ void fwd_load_item(const FwdTensorMaps& maps, const F
 template <class Cfg>
 struct FwdConsumerItem {
   static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kHeadDimV = Cfg::kHeadDimV;
+  static constexpr ElementType kElement = Cfg::kElement;
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
@@ -199,7 +204,7 @@ struct FwdConsumerItem {
   const int num_partial, num_blocks;
   const float scale_log2;
   const int kv_len;
-  float (&acc_o)[kHeadDim / 8][4];
+  float (&acc_o)[kHeadDimV / 8][4];
   float (&row_max)[2];
   float (&row_sum)[2];
   QueryMask item_mask[2];  //!< (not computed where kLazyRowMask)
@@ -208,7 +213,7 @@ struct FwdConsumerItem {
   __device__ __forceinline__ FwdConsumerItem(const FwdParams& p_, const FwdSharedStorage<Cfg>& smem_,
                                              const KvRing<kStages>& ring_, const FwdConsumerThread& thread_,
                                              const uint64_t* mask_bits_, const FwdWork& work_, int num_partial_,
-                                             int num_blocks_, float (&acc_o_)[kHeadDim / 8][4], float (&row_max_)[2],
+                                             int num_blocks_, float (&acc_o_)[kHeadDimV / 8][4], float (&row_max_)[2],
                                              float (&row_sum_)[2])
       : p(p_), smem(smem_), ring(ring_), thread(thread_), mask_bits(mask_bits_), work(work_),
         kv_list(kv_blocks_of(p_.blocks, work_.q_block, num_partial_, num_blocks_)),  // counts from the producer
@@ -223,8 +228,8 @@ struct FwdConsumerItem {
   }
 
   //! The products' operand descriptors, built once and advanced by constant offsets (per k-slice and
-  //! stage) where each wgmma reads them: Q's rows (K-major, 64-column halves kBlockM rows apart),
-  //! the K ring (the same per stage) and the V ring (N-major: kBlockN * 128 bytes between halves).
+  //! stage) where each wgmma reads them: Q's rows (K-major, 64-column blocks kBlockM rows apart),
+  //! the K ring (the same per stage) and the V ring (N-major: kBlockN * 128 bytes between blocks).
   //! Then waits for the item's Q.
   __device__ __forceinline__ void start(int tile) {
     const uint32_t q_rows = smem.s_q(tile) + thread.consumer * 64 * 128;
@@ -236,23 +241,23 @@ struct FwdConsumerItem {
 
   // A step's two products, issued and committed; they wait for nothing (the caller waits for the
   // tiles first, so no wait loop sits between two in-flight products). S = Q K^T: 16 columns (32
-  // bytes) per k-slice within a 64-column half. O += P V: V is [kBlockN keys x D] with D
+  // bytes) per k-slice within a 64-column block. O += P V: V is [kBlockN keys x Dv] with Dv
   // contiguous, 16 keys per k-slice.
   __device__ __forceinline__ void issue_s(STile& s, int step) const {
-    const uint64_t k_desc = smem_descriptor_advance(desc_k0, ring.stage(step) * Cfg::kKvBytes);
+    const uint64_t k_desc = smem_descriptor_advance(desc_k0, ring.stage(step) * Cfg::kKBytes);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t slice = (kk % 4) * 32;
-      wgmma_ss<kBlockN, false>(s, smem_descriptor_advance(desc_q0, (kk / 4) * kBlockM * 128 + slice),
-                               smem_descriptor_advance(k_desc, (kk / 4) * kBlockN * 128 + slice), kk > 0);
+      wgmma_ss<kBlockN, false, kElement>(s, smem_descriptor_advance(desc_q0, (kk / 4) * kBlockM * 128 + slice),
+                                         smem_descriptor_advance(k_desc, (kk / 4) * kBlockN * 128 + slice), kk > 0);
     }
     wgmma_commit();
   }
   __device__ __forceinline__ void issue_pv(const PFragments& p_frag, int step) const {
-    const uint64_t v_desc = smem_descriptor_advance(desc_v0, ring.stage(step) * Cfg::kKvBytes);
+    const uint64_t v_desc = smem_descriptor_advance(desc_v0, ring.stage(step) * Cfg::kVBytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      wgmma_rs<kHeadDim, true>(acc_o, p_frag[kk], smem_descriptor_advance(v_desc, kk * 16 * 128), true);
+      wgmma_rs<kHeadDimV, true, kElement>(acc_o, p_frag[kk], smem_descriptor_advance(v_desc, kk * 16 * 128), true);
     }
     wgmma_commit();
   }
@@ -277,9 +282,9 @@ struct FwdConsumerItem {
 
       const int kv0 = kv_block * kBlockN;
       if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
-      online_softmax_lazy<kBlockN, kHeadDim>(s, acc_o, row_max, row_sum, scale_log2);
+      online_softmax_lazy<kBlockN, kHeadDimV>(s, acc_o, row_max, row_sum, scale_log2);
       PFragments p_frag;
-      to_a_fragments<kBlockN / 16>(p_frag, s);
+      to_a_fragments<kBlockN / 16, kElement>(p_frag, s);
 
       mbarrier_wait(smem.v_full(stage), parity);
       fence_registers(acc_o);
@@ -363,7 +368,7 @@ struct FwdConsumerItem {
     // Turn `step` (1 <= step < n): S_step and P V of step - 1, in FlashAttention-3's order. The
     // softmax's rescale of O is lazy (online_softmax_scores_lazy): O takes the factor once P V is
     // in, at the end of the turn, and only when a row's max moved, in a warp-uniform branch while
-    // nothing is in flight (an unconditional rescale between the two issues cost kHeadDim / 2 FMUL
+    // nothing is in flight (an unconditional rescale between the two issues cost kHeadDimV / 2 FMUL
     // per thread and turn, and right after the wait for P V ptxas scheduled that wait into the
     // middle of the softmax, so it comes after P's packing). kMasked: the step may need its mask
     // (a partial block, or the ragged last one); the unmasked turns skip even the selects.
@@ -406,8 +411,8 @@ struct FwdConsumerItem {
       mbarrier_arrive_if(smem.v_empty(ring.stage(step - 1)), lane == 0);  // this warp is done with V_{step-1}
       // P is packed only now: p_frag is P V's operand until the wait, and ptxas serializes every
       // wgmma if a wgmma's input register is written while a product is in flight (C7513).
-      to_a_fragments<kBlockN / 16>(p_frag, s);
-      if (rescale) scale_rows<kHeadDim>(acc_o, corr);  // before P_step V_step, next turn
+      to_a_fragments<kBlockN / 16, kElement>(p_frag, s);
+      if (rescale) scale_rows<kHeadDimV>(acc_o, corr);  // before P_step V_step, next turn
     };
     if (num_blocks > 0) {
       if (consumer == 1) grant_turn();
@@ -426,7 +431,7 @@ struct FwdConsumerItem {
         apply_keep(s, keep);
         float corr[2];  // O is still 0: nothing to rescale
         online_softmax_scores_lazy<kBlockN>(s, row_max, row_sum, scale_log2, corr);
-        to_a_fragments<kBlockN / 16>(p_frag, s);
+        to_a_fragments<kBlockN / 16, kElement>(p_frag, s);
       }
       // The listed blocks come partial first; a ragged KV length masks the last block too, so then
       // every turn takes the masked path.

@@ -69,6 +69,9 @@ __device__ __forceinline__ void finish_rows(const FwdParams& p, const PackedRows
   }
 }
 
+//! The v head dim of a problem (o's and dO's, dV's); AttentionShape::v_head_dim 0 means q·k's.
+__device__ __forceinline__ int value_head_dim(const AttentionShape& s) { return s.v_head_dim > 0 ? s.v_head_dim : s.head_dim; }
+
 __device__ __forceinline__ const __nv_bfloat16* row_pointer(const TensorRef& t, int batch, int head, int row) {
   return static_cast<const __nv_bfloat16*>(t.data) + batch * t.stride_batch + head * t.stride_head +
          static_cast<int64_t>(row) * t.stride_row;

@@ -35,45 +35,47 @@ struct BwdBarriers {
 
 //! acc (64 key rows x kRows) = X Y^T, issued (not committed): X = 64 resident rows (K or V) at
 //! `keys` within a tile of kKeys rows, Y = kRows staged rows (Q or dO) at `rows`; both stored as
-//! kHeadDim / 64 halves of 128-byte swizzled rows, the halves kKeys (kRows) rows apart. The dQ tile
-//! uses it the other way round: X = a consumer's 64 Q (dO) rows, Y = a stage's keys (S, dP).
-template <int kHeadDim, int kKeys, int kRows>
+//! kHeadDim / 64 column blocks of 128-byte swizzled rows, the blocks kKeys (kRows) rows apart. The
+//! dQ tile uses it the other way round: X = a consumer's 64 Q (dO) rows, Y = a stage's keys (S, dP).
+template <int kHeadDim, int kKeys, int kRows, ElementType kElement>
 __device__ __forceinline__ void keys_times_rows(float (&acc)[kRows / 8][4], uint32_t keys, uint32_t rows) {
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
     const uint32_t k_offset = (kk % 4) * 32;
-    wgmma_ss<kRows, false>(acc, smem_descriptor(keys + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
-                           smem_descriptor(rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
+    wgmma_ss<kRows, false, kElement>(acc, smem_descriptor(keys + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
+                                     smem_descriptor(rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
   }
 }
 
-//! acc (64 rows x kHeadDim) += A B, issued (not committed): A = the kRows columns of register
-//! fragments `a` (P^T, dS^T or dS), B = kRows staged rows at `rows` (dO, Q or K: kHeadDim wide, N-major,
-//! the halves kRows rows apart).
-template <int kHeadDim, int kRows>
-__device__ __forceinline__ void fragments_times_rows(float (&acc)[kHeadDim / 8][4], const uint32_t (&a)[kRows / 16][4],
+//! acc (64 rows x kColumns) += A B, issued (not committed): A = the kRows columns of register
+//! fragments `a` (P^T, dS^T or dS), B = kRows staged rows at `rows` (dO, Q or K: kColumns wide from
+//! `rows`, N-major, the 64-column blocks kRows rows apart).
+template <int kColumns, int kRows, ElementType kElement>
+__device__ __forceinline__ void fragments_times_rows(float (&acc)[kColumns / 8][4], const uint32_t (&a)[kRows / 16][4],
                                                      uint32_t rows) {
 #pragma unroll
   for (int kk = 0; kk < kRows / 16; ++kk) {
-    wgmma_rs<kHeadDim, true>(acc, a[kk], smem_descriptor(rows + kk * 16 * 128, kRows * 128, 1024), true);
+    wgmma_rs<kColumns, true, kElement>(acc, a[kk], smem_descriptor(rows + kk * 16 * 128, kRows * 128, 1024), true);
   }
 }
 
-//! Stores a consumer's fp32 accumulator (64 rows x kHeadDim, times `factor`) as bf16 into rows
-//! row0.. of a swizzled tile of `tile_rows` rows (see hopper_utils.cuh), then one thread of the
-//! warpgroup TMA-stores those 64 rows at (row coordinate, head, batch) of `map`.
-template <int kHeadDim>
-__device__ __forceinline__ void store_consumer_rows(const float (&acc)[kHeadDim / 8][4], float factor, uint32_t tile,
+//! Stores a consumer's fp32 accumulator (64 rows x kColumns, times `factor`) in the element type
+//! into rows row0.. of a swizzled tile of `tile_rows` rows (see hopper_utils.cuh), then one thread
+//! of the warpgroup TMA-stores those 64 rows at (column col0, row coordinate, head, batch) of `map`
+//! (col0: where the tile's first 64-column block goes in the tensor).
+template <int kColumns, ElementType kElement>
+__device__ __forceinline__ void store_consumer_rows(const float (&acc)[kColumns / 8][4], float factor, uint32_t tile,
                                                     int tile_rows, int row0, int consumer, const CUtensorMap* map,
-                                                    int row_coord, int head_coord, int batch, bool wait_read = true) {
+                                                    int row_coord, int head_coord, int batch, bool wait_read = true,
+                                                    int col0 = 0) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int first = row0 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16 + (lane >> 2);
 #pragma unroll
-  for (int j = 0; j < kHeadDim / 8; ++j) {
+  for (int j = 0; j < kColumns / 8; ++j) {
     const int col = j * 8 + (lane & 3) * 2;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const uint32_t packed = pack_bf16(acc[j][2 * i] * factor, acc[j][2 * i + 1] * factor);
+      const uint32_t packed = pack2<kElement>(acc[j][2 * i] * factor, acc[j][2 * i + 1] * factor);
       asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(tile + swizzled_offset(tile_rows, first + 8 * i, col)), "r"(packed)
                    : "memory");
     }
@@ -82,13 +84,69 @@ __device__ __forceinline__ void store_consumer_rows(const float (&acc)[kHeadDim 
   named_barrier_sync(1 + consumer, 128);
   if ((threadIdx.x & 127) == 0) {
 #pragma unroll
-    for (int half = 0; half < kHeadDim / 64; ++half) {
-      tma_store_4d(map, tile + half * tile_rows * 128 + row0 * 128, half * 64, row_coord, head_coord, batch);
+    for (int half = 0; half < kColumns / 64; ++half) {
+      tma_store_4d(map, tile + half * tile_rows * 128 + row0 * 128, col0 + half * 64, row_coord, head_coord, batch);
     }
     tma_store_commit();
     // Before the CTA may exit or the rows be written again. A caller that does neither may skip
     // it: a later wait covers every store this thread committed.
     if (wait_read) tma_store_wait_read();
+  }
+}
+
+// ---- Split columns: a consumer's 64-column blocks --------------------------------------------------
+// Above a head dim of 128 the backward's two consumers share a tile's rows and split its columns:
+// consumer c keeps the 64-column blocks c, c + 2, ... (bwd_splits_columns, attention_config.h), in
+// an accumulator of [blocks it keeps][8][4]; below, a consumer keeps all columns of its own rows,
+// in [columns / 8][4]. These overloads take either.
+
+//! Whether this consumer keeps block i of `blocks` (warpgroup-uniform: the products under it are
+//! issued by the whole warpgroup or not at all).
+__device__ __forceinline__ bool keeps_block(int consumer, int i, int blocks) { return consumer + 2 * i < blocks; }
+
+//! fence_registers over an accumulator, whole or in column blocks.
+template <int kN>
+__device__ __forceinline__ void fence_accumulator(float (&acc)[kN][4]) {
+  fence_registers(acc);
+}
+template <int kBlocks>
+__device__ __forceinline__ void fence_accumulator(float (&acc)[kBlocks][8][4]) {
+#pragma unroll
+  for (int i = 0; i < kBlocks; ++i) fence_registers(acc[i]);
+}
+
+//! fragments_times_rows into an accumulator of kColumns, whole or, in column blocks, one N = 64
+//! product per block this consumer keeps (`rows`: the operand tile, kRows rows a 64-column block).
+template <int kColumns, int kRows, ElementType kElement, int kN>
+__device__ __forceinline__ void fragments_times_columns(float (&acc)[kN][4], const uint32_t (&a)[kRows / 16][4], uint32_t rows,
+                                                        int) {
+  fragments_times_rows<kColumns, kRows, kElement>(acc, a, rows);
+}
+template <int kColumns, int kRows, ElementType kElement, int kBlocks>
+__device__ __forceinline__ void fragments_times_columns(float (&acc)[kBlocks][8][4], const uint32_t (&a)[kRows / 16][4],
+                                                        uint32_t rows, int consumer) {
+#pragma unroll
+  for (int i = 0; i < kBlocks; ++i) {
+    if (keeps_block(consumer, i, kColumns / 64)) {
+      fragments_times_rows<64, kRows, kElement>(acc[i], a, rows + (consumer + 2 * i) * kRows * 128);
+    }
+  }
+}
+
+//! store_consumer_rows of the blocks this consumer keeps of a `blocks`-block accumulator, each
+//! through its own block of a shared tile of `tile_rows` rows, to its columns of `map`. Both
+//! consumers must be past every product that reads the tile.
+template <int kBlocks, ElementType kElement>
+__device__ __forceinline__ void store_kept_blocks(const float (&acc)[kBlocks][8][4], float factor, uint32_t tile, int tile_rows,
+                                                  int blocks, int consumer, const CUtensorMap* map, int row_coord,
+                                                  int head_coord, int batch) {
+#pragma unroll
+  for (int i = 0; i < kBlocks; ++i) {
+    const int block = consumer + 2 * i;
+    if (keeps_block(consumer, i, blocks)) {
+      store_consumer_rows<64, kElement>(acc[i], factor, tile + block * tile_rows * 128, tile_rows, 0, consumer, map, row_coord,
+                                        head_coord, batch, true, block * 64);
+    }
   }
 }
 
