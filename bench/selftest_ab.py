@@ -2,21 +2,24 @@
 """Times two builds of harness_attention_selftest against each other in one run (an A/B of the
 kernels: e.g. a commit against its parent), on the GPU it runs on.
 
-    python3 bench/selftest_ab.py build OLD_COMMIT OUT_DIR [--nvcc NVCC]    (anywhere with nvcc and git)
-    python3 bench/selftest_ab.py run OLD_BINARY NEW_BINARY [--rounds 2] [--only TEXT] [--log-dir DIR]
+    python3 bench/selftest_ab.py build OLD_COMMIT OUT_DIR [--nvcc NVCC] [--jobs N]   (anywhere with nvcc and git)
+    python3 bench/selftest_ab.py run OLD_BINARY NEW_BINARY [--rounds 2] [--only TEXT ...] [--log-dir DIR]
 
 `build` compiles the self-test of OLD_COMMIT (git archive of its tree) and of the working tree
-with the same nvcc command (sm_90a, -O3) into OUT_DIR/selftest_old and OUT_DIR/selftest_new.
+with the same nvcc options (sm_90a, -O3) into OUT_DIR/selftest_old and OUT_DIR/selftest_new: each
+source file to an object, N files at a time (default 1), then one link per binary.
 `run` on the GPU:
-each round runs the old binary, then the new one, with `--only TEXT` (default "REAL": the
-real-dims cases, the only timed ones); a binary's time for a (case, kernel) is its median over the
-rounds of the self-test's own medians (20 reps, L2 flushed). Prints one markdown table, forward
+each round runs the old binary, then the new one, once per `--only TEXT` (the self-test's own
+filter, a substring of the case name; default "REAL": the real-dims cases, the only timed ones;
+give it several times to time several groups of cases); a binary's time for a (case, kernel) is
+its median over the rounds of the self-test's own medians (20 reps, L2 flushed). Prints one markdown table, forward
 and backward kernels, with new / old per row and, per direction, the geometric mean of the ratios
 over the kernels both binaries time. A kernel that only one binary has is listed with "-" for the
 other. Exit status: 0 when every run of both passed its checks, else 1 (the table is printed
 either way). No third-party packages.
 """
 import argparse
+import concurrent.futures
 import math
 import os
 import re
@@ -28,7 +31,8 @@ ROW = re.compile(r"^\| (?P<case>[^|]+?) \| (?P<kernel>[a-z0-9_]+) \| (?P<ms>[0-9
 
 
 def run(binary, only, log):
-    """{(direction, case, kernel): ms} from one self-test run, and whether it passed."""
+    """{(direction, case, kernel): ms} from one self-test run (the cases whose name contains `only`),
+    and whether it passed."""
     done = subprocess.run([binary, "--only", only, "--log", log], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                           timeout=1800)
     times, direction = {}, None
@@ -66,10 +70,22 @@ def build(args):
     archive = subprocess.run(["git", "-C", here, "archive", args.old_commit, "kernels", "bench"], check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", old_root], input=archive, check=True)
+    options = ["-std=c++17", "-O3", "-DNDEBUG", "-gencode", "arch=compute_90a,code=sm_90a"]
     for which, root in (("old", old_root), ("new", here)):
-        out = os.path.join(args.out_dir, "selftest_" + which)
-        command = [args.nvcc, "-std=c++17", "-O3", "-DNDEBUG", "-gencode", "arch=compute_90a,code=sm_90a", "-I" + root,
-                   *selftest_sources(root), "-o", out]
+        out = os.path.join(os.path.abspath(args.out_dir), "selftest_" + which)
+        objects_dir = out + "_objects"
+        os.makedirs(objects_dir, exist_ok=True)
+        sources = selftest_sources(root)
+        objects = [os.path.join(objects_dir, f"{i}_{os.path.basename(source)}.o") for i, source in enumerate(sources)]
+
+        def compile_one(source_object):
+            command = [args.nvcc, *options, "-I" + root, "-c", source_object[0], "-o", source_object[1]]
+            print(" ".join(command), file=sys.stderr)
+            subprocess.run(command, check=True)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            list(pool.map(compile_one, zip(sources, objects)))
+        command = [args.nvcc, "-gencode", "arch=compute_90a,code=sm_90a", *objects, "-o", out]
         print(" ".join(command), file=sys.stderr)
         subprocess.run(command, check=True)
     return 0
@@ -82,26 +98,31 @@ def main():
     build_parser.add_argument("old_commit")
     build_parser.add_argument("out_dir")
     build_parser.add_argument("--nvcc", default="/usr/local/cuda/bin/nvcc")
+    build_parser.add_argument("--jobs", type=int, default=1)
     run_parser = commands.add_parser("run")
     run_parser.add_argument("old")
     run_parser.add_argument("new")
     run_parser.add_argument("--rounds", type=int, default=2)
-    run_parser.add_argument("--only", default="REAL")
+    run_parser.add_argument("--only", action="append")
     run_parser.add_argument("--log-dir", default=".")
     args = parser.parse_args()
     if args.command == "build":
         return build(args)
     os.makedirs(args.log_dir, exist_ok=True)
+    onlys = args.only or ["REAL"]
     runs = {"old": [], "new": []}
     passed = True
     for round_index in range(args.rounds):
         for which in ("old", "new"):
-            log = os.path.join(args.log_dir, f"selftest_{which}_{round_index + 1}.log")
-            times, ok = run(getattr(args, which), args.only, log)
+            times = {}
+            for group, only in enumerate(onlys):
+                log = os.path.join(args.log_dir, f"selftest_{which}_{round_index + 1}_{group + 1}.log")
+                group_times, ok = run(getattr(args, which), only, log)
+                times.update(group_times)
+                passed = passed and ok
+                print(f"round {round_index + 1} {which} \"{only}\": {'passed' if ok else 'FAILED'} "
+                      f"({len(group_times)} timings, {log})", file=sys.stderr)
             runs[which].append(times)
-            passed = passed and ok
-            print(f"round {round_index + 1} {which}: {'passed' if ok else 'FAILED'} ({len(times)} timings, {log})",
-                  file=sys.stderr)
     median = {w: {} for w in runs}
     for which, rounds in runs.items():
         for key in set().union(*rounds):
