@@ -254,14 +254,26 @@ std::vector<CudaKernelChoice> kernels_at(const Case& c, const Dims& d) {
 // output (for the planted-fault test) with the two references' outputs.
 struct RuleRun {
   at::Tensor fused_out, low_out, high_out;
+  double max_qk = 0;  // the largest |q . k| of the inputs (unscaled, float64)
 };
-RuleRun check_against_float64(const Case& c, const Dims& d, uint64_t seed) {
-  INFO("case: " << c.name << ", head dims " << dims_name(d));
+// q and k are offset + spread * N(0, 1), rounded to multiples of `quantum` where it is set (v and
+// dO N(0, 1)).
+struct QkInputs {
+  double offset = 0.0, spread = 1.0, quantum = 0.0;
+  at::Tensor make(at::IntArrayRef sizes, const at::TensorOptions& options) const {
+    at::Tensor x = spread * at::randn(sizes, options);
+    if (quantum > 0) x = at::round(x / quantum) * quantum;
+    return offset + x;
+  }
+};
+RuleRun check_against_float64(const Case& c, const Dims& d, uint64_t seed, const QkInputs& qk = {}) {
+  INFO("case: " << c.name << ", head dims " << dims_name(d) << ", q and k " << qk.offset << " + " << qk.spread
+                 << " N(0, 1) in steps of " << qk.quantum);
   at::manual_seed(seed);
   const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
   const int64_t q_len = c.mask.q_len, kv_len = c.mask.kv_len;
-  const at::Tensor q = at::randn({c.batch, c.heads, q_len, d.head_dim}, cuda).to(d.dtype);
-  const at::Tensor k = at::randn({c.batch, c.kv_heads, kv_len, d.head_dim}, cuda).to(d.dtype);
+  const at::Tensor q = qk.make({c.batch, c.heads, q_len, d.head_dim}, cuda).to(d.dtype);
+  const at::Tensor k = qk.make({c.batch, c.kv_heads, kv_len, d.head_dim}, cuda).to(d.dtype);
   const at::Tensor v = at::randn({c.batch, c.kv_heads, kv_len, d.v_head_dim}, cuda).to(d.dtype);
   const at::Tensor dout = at::randn({c.batch, c.heads, q_len, d.v_head_dim}, cuda).to(d.dtype);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d.head_dim));
@@ -270,6 +282,10 @@ RuleRun check_against_float64(const Case& c, const Dims& d, uint64_t seed) {
   const Grads high = reference_step(q, k, v, dout, dense_mask, scale, at::kDouble);
   const Grads low = reference_step(q, k, v, dout, dense_mask, scale, at::kDouble, d.dtype);
   RuleRun last;
+  last.max_qk = at::matmul(q.to(at::kDouble), k.to(at::kDouble).repeat_interleave(c.heads / c.kv_heads, 1).transpose(-2, -1))
+                    .abs()
+                    .max()
+                    .item<double>();
   const std::vector<CudaKernelChoice> choices = kernels_at(c, d);
   REQUIRE(!choices.empty());
   for (const CudaKernelChoice& choice : choices) {
@@ -290,7 +306,9 @@ RuleRun check_against_float64(const Case& c, const Dims& d, uint64_t seed) {
     if (!choice.fwd.empty()) CHECK(records[0].config.rfind("fwd " + choice.fwd + ":", 0) == 0);
     CHECK(records[1].config.rfind("bwd " + choice.bwd + ":", 0) == 0);
     CHECK(records[0].reason.find("head dims " + dims_name(d)) != std::string::npos);
-    last = {fused.out, low.out, high.out};
+    last.fused_out = fused.out;
+    last.low_out = low.out;
+    last.high_out = high.out;
   }
   return last;
 }
@@ -724,6 +742,23 @@ TEST_CASE("the float64 rule catches a dropped last column and a scale slip", "[c
     tail.select(3, d.v_head_dim - 1).zero_();
     CHECK_FALSE(within_rule(tail, run.low_out, run.high_out));
     CHECK_FALSE(within_rule(run.fused_out * (1.0 + 1.0 / 64), run.low_out, run.high_out));
+  }
+}
+
+TEST_CASE("fused_cuda in fp16 where q . k overflows fp16", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  // q and k near 28 in every column: q . k is above fp16's largest value (65504) before the scale,
+  // which only the kernels' fp32 scores hold. The values are multiples of 1/4 (exact in fp16, their
+  // products and sums of up to 256 exact in fp32), so the scores carry no rounding a float64
+  // reference lacks, and the spread moves the scaled scores by a few units: the softmax still
+  // spreads over several keys. Every kernel must stay finite and within the rule.
+  uint64_t seed = 110;
+  for (const Dims& d : {Dims{128, 128, at::kHalf}, Dims{96, 96, at::kHalf}, Dims{192, 128, at::kHalf}, Dims{256, 256, at::kHalf}}) {
+    const RuleRun run = check_against_float64(make_case("causal, q 48, kv 248", 1, 4, 2, d.head_dim, 3, 200,
+                                                        simple(MaskKind::causal)),
+                                              d, seed++, QkInputs{28.0, 0.125, 0.25});
+    INFO("head dims " << dims_name(d) << ": max |q . k| " << run.max_qk);
+    CHECK(run.max_qk > 65504.0);
   }
 }
 
