@@ -147,25 +147,26 @@ Dims dims_of(const spec::Spec& spec) {
 namespace tiling = kernels::cuda::tiling;
 using CudaTile = tiling::Tile;
 CudaTile cuda_fwd_tile(const Dims& d) { return tiling::fwd_tile(d.heads, d.kv_heads, d.cuda_fwd); }
-CudaTile cuda_dq_tile(const Dims& d) { return tiling::bwd_dq_tile(d.heads, d.kv_heads); }
-CudaTile cuda_dkdv_tile(const Dims& d) { return tiling::bwd_dkdv_tile(d.heads, d.kv_heads); }
+CudaTile cuda_dq_tile(const Dims& d) { return tiling::bwd_dq_tile(d.heads, d.kv_heads, d.head_dim); }
+CudaTile cuda_dkdv_tile(const Dims& d) { return tiling::bwd_dkdv_tile(d.heads, d.kv_heads, d.head_dim); }
 
 int64_t cuda_fwd_scratch(const Dims& d) {
   return tiling::fwd_scratch_bytes(d.batch, d.heads, d.kv_heads, ceil_div(d.q_len, cuda_fwd_tile(d).block_m), d.cuda_fwd);
 }
 int64_t cuda_bwd_scratch(const Dims& d) {
   // wgmma_atomic sums dQ in an fp32 accumulator [B, H, Q_pad, D] at the end of the scratch.
-  const int64_t dq_accum_head_dim = d.cuda_bwd == kernels::cuda::BwdKernel::wgmma_atomic ? d.head_dim : 0;
-  return tiling::bwd_scratch(d.batch, d.heads, d.kv_heads, d.q_len, ceil_div(d.q_len, cuda_dq_tile(d).block_m),
-                             ceil_div(d.kv_len, cuda_dkdv_tile(d).block_n), dq_accum_head_dim)
+  return tiling::bwd_scratch(d.batch, d.heads, d.kv_heads, d.q_len, d.head_dim, ceil_div(d.q_len, cuda_dq_tile(d).block_m),
+                             ceil_div(d.kv_len, cuda_dkdv_tile(d).block_n),
+                             d.cuda_bwd == kernels::cuda::BwdKernel::wgmma_atomic)
       .bytes;
 }
 
 //! The backward's kept CTA schedule (kernels/cuda/fused_attention_cuda.cpp keeps two with the
 //! mask: the merged one of wgmma and mma, and wgmma_atomic's), 8 bytes per CTA.
 int64_t cuda_bwd_schedule(const Dims& d) {
-  const auto layout = tiling::bwd_scratch(d.batch, d.heads, d.kv_heads, d.q_len, ceil_div(d.q_len, cuda_dq_tile(d).block_m),
-                                          ceil_div(d.kv_len, cuda_dkdv_tile(d).block_n));
+  const auto layout = tiling::bwd_scratch(d.batch, d.heads, d.kv_heads, d.q_len, d.head_dim,
+                                          ceil_div(d.q_len, cuda_dq_tile(d).block_m),
+                                          ceil_div(d.kv_len, cuda_dkdv_tile(d).block_n), false);
   return layout.kept_bytes;
 }
 
@@ -191,8 +192,16 @@ class StepBuilder {
   StepBuilder(const spec::Spec& spec, const std::string& impl, const std::string& device_kind, int cpu_threads,
               kernels::cuda::FwdKernel cuda_fwd, kernels::cuda::BwdKernel cuda_bwd)
       : spec_(spec), d_(dims_of(spec)), impl_(impl), cuda_(device_kind == "cuda"), threads_(cpu_threads) {
+    // A kernel that does not run at the head dim (wgmma_atomic above 128, say) is replaced by the
+    // first that does, the one the launcher's default would be (kernels/cuda/attention_config.h).
+    namespace kc = kernels::cuda;
+    const int head_dim = static_cast<int>(d_.head_dim);
     d_.cuda_fwd = cuda_fwd;
-    d_.cuda_bwd = cuda_bwd;
+    for (const kc::FwdKernel kernel : kc::kFwdKernels) {
+      if (kc::fwd_kernel_supports(d_.cuda_fwd, head_dim, head_dim)) break;
+      if (kc::fwd_kernel_supports(kernel, head_dim, head_dim)) d_.cuda_fwd = kernel;
+    }
+    d_.cuda_bwd = kc::bwd_kernel_supports(cuda_bwd, head_dim, head_dim) ? cuda_bwd : kc::BwdKernel::wgmma;
   }
 
   Trace build(int iterations) {

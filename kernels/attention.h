@@ -84,8 +84,20 @@ struct CudaKernelChoice {
   //! Keep the kernels' CTA schedules with the MaskContext after the first call (saves the schedule
   //! kernel on every later call). The PyTorch op turns it off: under torch.compile's CUDA graph
   //! trees the first call may run in the graph's private memory pool, where a buffer kept past
-  //! the call is refused ("tensors in the cudagraph pool not tracked as outputs", H200, torch 2.11).
+  //! the call is refused ("tensors in the cudagraph pool not tracked as outputs", H200).
   bool keep_schedules = true;
+  // How the kernels are launched, for A/B runs (the defaults are what they are tuned with).
+  //! The order of the CTA tables: "" (each kernel's own: batch by batch, the `_kv_major` forwards kv
+  //! head by kv head), "interleaved", "batch" or "kv_head". HARNESS_SCHEDULE_ORDER gives it where "".
+  std::string schedule_order;
+  //! Programmatic dependent launches where a kernel may start before the one ahead of it ends;
+  //! false (or HARNESS_CUDA_PDL=0) launches each kernel after the one before has completed.
+  bool programmatic_launch = true;
+  //! CTAs of a wgmma forward: 0 = the kernel's default (persistent, one per SM slot, or one per work
+  //! item), -1 = one per work item, -2 = persistent, one per SM slot, N > 0 = at most N persistent.
+  //! HARNESS_CUDA_FWD_PERSISTENT gives it where 0: "0" (one per work item), "1" (one per SM slot),
+  //! "grid:N".
+  int fwd_ctas = 0;
 };
 
 //! Options of one attention call.

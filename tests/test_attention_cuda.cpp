@@ -9,7 +9,10 @@
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -170,6 +173,144 @@ void check_against_dense(const Case& c, uint64_t seed, const std::vector<CudaKer
       if (!choice.bwd.empty()) CHECK(records[1].config.rfind("bwd " + choice.bwd + ":", 0) == 0);
     }
   }
+}
+
+// Forward and backward written out in `compute` (float64: the high-precision reference). With
+// `low` set it is the flash-style low-precision reference instead: P and dS rounded to `low` before
+// the products that take them, delta from the rounded O, and the results rounded to `low`, as a
+// flash kernel of that element type rounds them. v may have its own head dim.
+Grads reference_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+                     const at::Tensor& dense_mask, double scale, at::ScalarType compute,
+                     std::optional<at::ScalarType> low = std::nullopt) {
+  const auto r = [&](const at::Tensor& t) { return low ? t.to(*low).to(compute) : t; };
+  const int64_t group = q.size(1) / k.size(1);
+  const at::Tensor qc = q.to(compute), doc = dout.to(compute);
+  const at::Tensor kc = k.to(compute).repeat_interleave(group, 1), vc = v.to(compute).repeat_interleave(group, 1);
+  const at::Tensor visible = dense_mask.to(at::kBool);
+  const at::Tensor any = visible.any(-1, /*keepdim=*/true);
+  at::Tensor scores = at::matmul(qc, kc.transpose(-2, -1)) * scale;
+  scores = scores.masked_fill(visible.logical_or(any.logical_not()).logical_not(), -std::numeric_limits<double>::infinity());
+  const at::Tensor p = at::softmax(scores, -1) * any.to(compute);  // rows that see nothing: P = 0
+  const at::Tensor out = r(at::matmul(r(p), vc));
+  const at::Tensor dp = at::matmul(doc, vc.transpose(-2, -1));
+  const at::Tensor delta = (doc * out).sum(-1, /*keepdim=*/true);
+  const at::Tensor ds = r(p * (dp - delta));
+  const at::Tensor dq = at::matmul(ds, kc) * scale;
+  // Per query head, then summed over each kv head's group.
+  const auto per_kv_head = [&](const at::Tensor& t) {
+    return t.view({t.size(0), k.size(1), group, t.size(2), t.size(3)}).sum(2);
+  };
+  const at::Tensor dk = per_kv_head(at::matmul(ds.transpose(-2, -1), qc)) * scale;
+  const at::Tensor dv = per_kv_head(at::matmul(r(p).transpose(-2, -1), doc));
+  return {out, r(dq), r(dk), r(dv)};
+}
+
+// The rule of every output at the new head dims and element types: max |fused - high| at most
+// twice the low-precision reference's plus atol (1e-3 of the largest magnitude, floored at 1e-3).
+bool within_rule(const at::Tensor& fused, const at::Tensor& low, const at::Tensor& high) {
+  const double atol = 1e-3 * std::max(1.0, high.abs().max().item<double>());
+  return all_finite(fused) && max_abs_diff(fused, high) <= 2.0 * max_abs_diff(low, high) + atol;
+}
+void check_rule(const char* name, const at::Tensor& fused, const at::Tensor& low, const at::Tensor& high) {
+  INFO(name << ": err(fused) " << max_abs_diff(fused, high) << ", err(low precision) " << max_abs_diff(low, high)
+            << ", max |high| " << high.abs().max().item<double>());
+  CHECK(within_rule(fused, low, high));
+}
+
+// Head dims (q·k, v) and element type of a case.
+struct Dims {
+  int64_t head_dim, v_head_dim;
+  at::ScalarType dtype;
+};
+
+std::string dims_name(const Dims& d) {
+  return std::to_string(d.head_dim) + "/" + std::to_string(d.v_head_dim) + (d.dtype == at::kHalf ? " fp16" : " bf16");
+}
+
+// The kernels' own shape of a case at dims `d`.
+harness::kernels::cuda::AttentionShape kernel_shape(const Case& c, const Dims& d) {
+  namespace kc = harness::kernels::cuda;
+  kc::AttentionShape shape{static_cast<int32_t>(c.batch), static_cast<int32_t>(c.heads), static_cast<int32_t>(c.kv_heads),
+                           static_cast<int32_t>(c.mask.q_len), static_cast<int32_t>(c.mask.kv_len),
+                           static_cast<int32_t>(d.head_dim), static_cast<int32_t>(d.v_head_dim)};
+  shape.dtype = d.dtype == at::kHalf ? kc::ElementType::fp16 : kc::ElementType::bf16;
+  return shape;
+}
+
+// Every kernel that runs at the dims: each forward candidate with the deterministic wgmma
+// backward, each backward candidate with the default forward.
+std::vector<CudaKernelChoice> kernels_at(const Case& c, const Dims& d) {
+  namespace kc = harness::kernels::cuda;
+  std::vector<CudaKernelChoice> choices;
+  for (const kc::FwdKernel kernel : kc::fwd_candidates(kernel_shape(c, d))) choices.push_back({kc::fwd_kernel_name(kernel), "wgmma"});
+  for (const kc::BwdKernel kernel : kc::bwd_candidates(kernel_shape(c, d), false)) {
+    if (kernel != kc::BwdKernel::wgmma) choices.push_back({"", kc::bwd_kernel_name(kernel)});
+  }
+  return choices;
+}
+
+// Fused at dims `d` against the float64 reference, each output within the rule of the
+// flash-style low-precision one, for every kernel that runs there; returns the last kernel's
+// output (for the planted-fault test) with the two references' outputs.
+struct RuleRun {
+  at::Tensor fused_out, low_out, high_out;
+  double max_qk = 0;  // the largest |q . k| of the inputs (unscaled, float64)
+};
+// q and k are offset + spread * N(0, 1), rounded to multiples of `quantum` where it is set (v and
+// dO N(0, 1)).
+struct QkInputs {
+  double offset = 0.0, spread = 1.0, quantum = 0.0;
+  at::Tensor make(at::IntArrayRef sizes, const at::TensorOptions& options) const {
+    at::Tensor x = spread * at::randn(sizes, options);
+    if (quantum > 0) x = at::round(x / quantum) * quantum;
+    return offset + x;
+  }
+};
+RuleRun check_against_float64(const Case& c, const Dims& d, uint64_t seed, const QkInputs& qk = {}) {
+  INFO("case: " << c.name << ", head dims " << dims_name(d) << ", q and k " << qk.offset << " + " << qk.spread
+                 << " N(0, 1) in steps of " << qk.quantum);
+  at::manual_seed(seed);
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  const int64_t q_len = c.mask.q_len, kv_len = c.mask.kv_len;
+  const at::Tensor q = qk.make({c.batch, c.heads, q_len, d.head_dim}, cuda).to(d.dtype);
+  const at::Tensor k = qk.make({c.batch, c.kv_heads, kv_len, d.head_dim}, cuda).to(d.dtype);
+  const at::Tensor v = at::randn({c.batch, c.kv_heads, kv_len, d.v_head_dim}, cuda).to(d.dtype);
+  const at::Tensor dout = at::randn({c.batch, c.heads, q_len, d.v_head_dim}, cuda).to(d.dtype);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d.head_dim));
+  MaskContext mask(c.mask);
+  const at::Tensor& dense_mask = mask.dense(q.device());
+  const Grads high = reference_step(q, k, v, dout, dense_mask, scale, at::kDouble);
+  const Grads low = reference_step(q, k, v, dout, dense_mask, scale, at::kDouble, d.dtype);
+  RuleRun last;
+  last.max_qk = at::matmul(q.to(at::kDouble), k.to(at::kDouble).repeat_interleave(c.heads / c.kv_heads, 1).transpose(-2, -1))
+                    .abs()
+                    .max()
+                    .item<double>();
+  const std::vector<CudaKernelChoice> choices = kernels_at(c, d);
+  REQUIRE(!choices.empty());
+  for (const CudaKernelChoice& choice : choices) {
+    INFO("kernels: fwd " << (choice.fwd.empty() ? "(default)" : choice.fwd) << ", bwd " << choice.bwd);
+    DispatchTrace trace;
+    const Grads fused = run_step(q, k, v, dout, [&](auto& a, auto& b, auto& g) {
+      return fused_attention_cuda(a, b, g, mask, scale, /*deterministic=*/false, &trace, choice);
+    });
+    CHECK(fused.out.sizes() == at::IntArrayRef({c.batch, c.heads, q_len, d.v_head_dim}));
+    CHECK(fused.out.scalar_type() == d.dtype);
+    CHECK(fused.dv.sizes() == v.sizes());
+    check_rule("out", fused.out, low.out, high.out);
+    check_rule("dq", fused.dq, low.dq, high.dq);
+    check_rule("dk", fused.dk, low.dk, high.dk);
+    check_rule("dv", fused.dv, low.dv, high.dv);
+    const auto records = trace.records();
+    REQUIRE(records.size() == 2);
+    if (!choice.fwd.empty()) CHECK(records[0].config.rfind("fwd " + choice.fwd + ":", 0) == 0);
+    CHECK(records[1].config.rfind("bwd " + choice.bwd + ":", 0) == 0);
+    CHECK(records[0].reason.find("head dims " + dims_name(d)) != std::string::npos);
+    last.fused_out = fused.out;
+    last.low_out = low.out;
+    last.high_out = high.out;
+  }
+  return last;
 }
 
 }  // namespace
@@ -569,25 +710,107 @@ TEST_CASE("fused_cuda rejects an unknown kernel name", "[cuda][attention]") {
   CHECK(message.find("wgmma_m64_n64") != std::string::npos);
 }
 
-TEST_CASE("fused_cuda refuses what it has no kernel for", "[cuda][attention]") {
+TEST_CASE("fused_cuda matches float64 at head dims 96, 192, 256 and 192/128, in bf16 and fp16", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  // Every kernel that runs at each head dims (96 on the 128 kernels with 32 zero columns; 192 and
+  // 256 on the backward that splits columns; 192/128 with v's own head dim), on a dflash mask
+  // with GQA and a ragged causal one, bf16 and fp16; 64 and 128 in fp16 too (bf16: the tests above).
+  uint64_t seed = 70;
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    for (const auto& [head_dim, v_head_dim] : std::vector<std::pair<int64_t, int64_t>>{
+             {96, 96}, {192, 192}, {256, 256}, {192, 128}, {64, 64}, {128, 128}}) {
+      if (dtype == at::kBFloat16 && (head_dim == 64 || head_dim == 128)) continue;
+      const Dims d{head_dim, v_head_dim, dtype};
+      check_against_float64(make_case("dflash, 3 anchors, documents 300/400", 1, 8, 2, head_dim, 3, 700,
+                                      dflash(2, {300, 400}, ContextRule::through_anchor, InBlock::causal)),
+                            d, seed++);
+      check_against_float64(make_case("causal, q 112, kv 400, batch 2", 2, 4, 4, head_dim, 7, 288, simple(MaskKind::causal)),
+                            d, seed++);
+    }
+  }
+}
+
+TEST_CASE("the float64 rule catches a dropped last column and a scale slip", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  // The rule of the test above must be able to fail: the last run's output with its last column
+  // zeroed (a head dim's tail not stored) and scaled by 1 + 1/64 (a scale slip) must break it.
+  for (const Dims& d : {Dims{96, 96, at::kBFloat16}, Dims{192, 128, at::kHalf}}) {
+    INFO("head dims " << dims_name(d));
+    const RuleRun run = check_against_float64(make_case("causal", 1, 4, 2, d.head_dim, 5, 200, simple(MaskKind::causal)), d, 90);
+    CHECK(within_rule(run.fused_out, run.low_out, run.high_out));
+    at::Tensor tail = run.fused_out.clone();
+    tail.select(3, d.v_head_dim - 1).zero_();
+    CHECK_FALSE(within_rule(tail, run.low_out, run.high_out));
+    CHECK_FALSE(within_rule(run.fused_out * (1.0 + 1.0 / 64), run.low_out, run.high_out));
+  }
+}
+
+TEST_CASE("fused_cuda in fp16 where q . k overflows fp16", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  // q and k near 28 in every column: q . k is above fp16's largest value (65504) before the scale,
+  // which only the kernels' fp32 scores hold. The values are multiples of 1/4 (exact in fp16, their
+  // products and sums of up to 256 exact in fp32), so the scores carry no rounding a float64
+  // reference lacks, and the spread moves the scaled scores by a few units: the softmax still
+  // spreads over several keys. Every kernel must stay finite and within the rule.
+  uint64_t seed = 110;
+  for (const Dims& d : {Dims{128, 128, at::kHalf}, Dims{96, 96, at::kHalf}, Dims{192, 128, at::kHalf}, Dims{256, 256, at::kHalf}}) {
+    const RuleRun run = check_against_float64(make_case("causal, q 48, kv 248", 1, 4, 2, d.head_dim, 3, 200,
+                                                        simple(MaskKind::causal)),
+                                              d, seed++, QkInputs{28.0, 0.125, 0.25});
+    INFO("head dims " << dims_name(d) << ": max |q . k| " << run.max_qk);
+    CHECK(run.max_qk > 65504.0);
+  }
+}
+
+TEST_CASE("fused_cuda refuses what it has no kernel for, naming what has one", "[cuda][attention]") {
   if (!have_gpu()) return;
   const Case c = make_case("dflash", 1, 4, 2, 64, 2, 100, dflash(1));
   MaskContext mask(c.mask);
   const auto cuda = at::TensorOptions().device(at::kCUDA);
-  auto tensors = [&](at::ScalarType dtype, int64_t head_dim) {
-    return std::vector<at::Tensor>{at::randn({1, 4, c.mask.q_len, head_dim}, cuda.dtype(dtype)),
-                                   at::randn({1, 2, c.mask.kv_len, head_dim}, cuda.dtype(dtype)),
-                                   at::randn({1, 2, c.mask.kv_len, head_dim}, cuda.dtype(dtype))};
+  // The error a forward and backward at these dtypes and head dims raise ("(no error)" if none).
+  auto message_of = [&](at::ScalarType dtype, int64_t head_dim, int64_t v_head_dim, const CudaKernelChoice& choice = {},
+                        std::optional<at::ScalarType> v_dtype = std::nullopt) {
+    const at::Tensor q = at::randn({1, 4, c.mask.q_len, head_dim}, cuda.dtype(dtype)).requires_grad_(true);
+    const at::Tensor k = at::randn({1, 2, c.mask.kv_len, head_dim}, cuda.dtype(dtype)).requires_grad_(true);
+    const at::Tensor v = at::randn({1, 2, c.mask.kv_len, v_head_dim}, cuda.dtype(v_dtype.value_or(dtype))).requires_grad_(true);
+    try {
+      fused_attention_cuda(q, k, v, mask, 0.1, false, nullptr, choice).sum().backward();
+    } catch (const UnsupportedError& error) {
+      return std::string(error.what());
+    }
+    return std::string("(no error)");
   };
-  const auto fp16 = tensors(at::kHalf, 64);
-  CHECK_THROWS_AS(fused_attention_cuda(fp16[0], fp16[1], fp16[2], mask, 0.1, false, nullptr), UnsupportedError);
-  const auto fp32 = tensors(at::kFloat, 64);
-  CHECK_THROWS_AS(fused_attention_cuda(fp32[0], fp32[1], fp32[2], mask, 0.1, false, nullptr), UnsupportedError);
-  const auto d96 = tensors(at::kBFloat16, 96);
-  CHECK_THROWS_AS(fused_attention_cuda(d96[0], d96[1], d96[2], mask, 0.1, false, nullptr), UnsupportedError);
-  const auto cpu = std::vector<at::Tensor>{fp16[0].cpu().to(at::kBFloat16), fp16[1].cpu().to(at::kBFloat16),
-                                           fp16[2].cpu().to(at::kBFloat16)};
-  CHECK_THROWS_AS(fused_attention_cuda(cpu[0], cpu[1], cpu[2], mask, 0.1, false, nullptr), UnsupportedError);
+  const std::string supported = harness::kernels::cuda::kSupportedHeadDimsText;
+  for (const auto& [head_dim, v_head_dim] : std::vector<std::pair<int64_t, int64_t>>{{320, 320}, {100, 100}, {128, 64}, {64, 128}}) {
+    const std::string message = message_of(at::kBFloat16, head_dim, v_head_dim);
+    INFO(head_dim << "/" << v_head_dim << ": " << message);
+    CHECK(message.find("head dims " + std::to_string(head_dim) + "/" + std::to_string(v_head_dim)) != std::string::npos);
+    CHECK(message.find(supported) != std::string::npos);
+  }
+  CHECK(message_of(at::kFloat, 64, 64).find("have no kernel (q, k and v all bf16 or all fp16 do)") != std::string::npos);
+  CHECK(message_of(at::kHalf, 64, 64) == "(no error)");
+  CHECK(message_of(at::kBFloat16, 96, 96) == "(no error)");
+  CHECK(message_of(at::kHalf, 64, 64, {}, at::kBFloat16).find("have no kernel") != std::string::npos);
+  // A kernel that exists but not at these head dims: refused, naming those that run there.
+  const std::string mma = message_of(at::kBFloat16, 192, 192, {"mma_m128_n64", ""});
+  INFO(mma);
+  CHECK(mma.find("kernel \"mma_m128_n64\" (the call's options) does not run at head dims 192/192 bf16") != std::string::npos);
+  CHECK(mma.find("wgmma_m128_n64") != std::string::npos);
+  const std::string atomic = message_of(at::kHalf, 256, 256, {"", "wgmma_atomic"});
+  INFO(atomic);
+  CHECK(atomic.find("does not run at head dims 256/256 fp16; the kernels that do: wgmma") != std::string::npos);
+  const at::Tensor q = at::randn({1, 4, c.mask.q_len, 64}, cuda.dtype(at::kBFloat16));
+  CHECK_THROWS_AS(fused_attention_cuda(q.cpu(), q.cpu(), q.cpu(), mask, 0.1, false, nullptr), UnsupportedError);
+}
+
+// The real dims' head counts and lengths (32 heads on 8 kv heads, 2048 x 2048) at head dim 128, bf16.
+harness::kernels::cuda::AttentionShape host_shape() {
+  harness::kernels::cuda::AttentionShape shape;
+  shape.heads = 32;
+  shape.kv_heads = 8;
+  shape.q_len = shape.kv_len = 2048;
+  shape.head_dim = 128;
+  return shape;
 }
 
 // Host code only (no GPU needed): the dispatch trace's description of a forward comes from the
@@ -595,20 +818,7 @@ TEST_CASE("fused_cuda refuses what it has no kernel for", "[cuda][attention]") {
 // configuration's shared-memory plan does.
 TEST_CASE("a forward kernel's description is its configuration's", "[attention]") {
   namespace kc = harness::kernels::cuda;
-  kc::AttentionShape shape;
-  shape.heads = 32;
-  shape.kv_heads = 8;
-  shape.q_len = shape.kv_len = 2048;
-  for (int head_dim : {64, 128}) {
-    shape.head_dim = head_dim;
-    for (kc::FwdKernel kernel : kc::fwd_kernels()) {
-      const std::string text = kc::describe_fwd_config(shape, kernel);
-      INFO(text);
-      CHECK(text.rfind(std::string("fwd ") + kc::fwd_kernel_name(kernel) + ":", 0) == 0);
-      CHECK(text.find("EXPERIMENTAL") == std::string::npos);
-    }
-  }
-  shape.head_dim = 128;
+  kc::AttentionShape shape = host_shape();  // every kernel's description at every head dims: the test below
   const std::string pingpong = kc::describe_fwd_config(shape, kc::FwdKernel::wgmma_m128_n128_pingpong);
   CHECK(pingpong.find("2 wgmma consumer warpgroups in ping-pong") != std::string::npos);
   CHECK(pingpong.find("K/V ring x3") != std::string::npos);
@@ -622,9 +832,123 @@ TEST_CASE("a forward kernel's description is its configuration's", "[attention]"
   CHECK(overlap.find("kv head by kv head") == std::string::npos);
   CHECK(kc::describe_fwd_config(shape, kc::FwdKernel::wgmma_m64_n64_overlap_kv_major).find(", kv head by kv head") !=
         std::string::npos);
-  for (kc::FwdKernel kernel : kc::kExperimentalFwdKernels) {
-    CHECK(kc::describe_fwd_config(shape, kernel).find("(EXPERIMENTAL)") != std::string::npos);
+}
+
+// Host code only: which kernels each head dims and element type have, and what the rest are told.
+TEST_CASE("every head dims pair has its kernels and the others a reason naming the supported set", "[attention]") {
+  namespace kc = harness::kernels::cuda;
+  kc::AttentionShape shape = host_shape();
+  auto names = [](const auto& kernels, auto name) {
+    std::string text;
+    for (const auto kernel : kernels) text += std::string(text.empty() ? "" : " ") + name(kernel);
+    return text;
+  };
+  for (const kc::ElementType dtype : {kc::ElementType::bf16, kc::ElementType::fp16}) {
+    shape.dtype = dtype;
+    for (const auto& [head_dim, v_head_dim] : std::vector<std::pair<int, int>>{
+             {64, 64}, {96, 96}, {128, 128}, {80, 80}, {192, 192}, {256, 256}, {192, 128}, {160, 120}}) {
+      shape.head_dim = head_dim;
+      shape.v_head_dim = v_head_dim;
+      INFO(head_dim << "/" << v_head_dim << " " << kc::element_type_label(dtype));
+      REQUIRE(kc::shape_supported(shape));
+      CHECK(kc::unsupported_shape_reason(shape).empty());
+      const std::vector<kc::FwdKernel> fwd = kc::fwd_candidates(shape);
+      const std::vector<kc::BwdKernel> bwd = kc::bwd_candidates(shape, false);
+      INFO("forwards: " << names(fwd, kc::fwd_kernel_name) << "; backwards: " << names(bwd, kc::bwd_kernel_name));
+      CHECK(fwd.size() >= 2);  // at least wgmma_m128_n64 and wgmma_m64_n64
+      CHECK(kc::default_fwd_kernel(shape) == fwd.front());
+      CHECK(kc::default_bwd_kernel(shape, false) == bwd.front());
+      CHECK(kc::default_bwd_kernel(shape, true) == kc::BwdKernel::wgmma);
+      // mma.sync takes real head dims 64 and 128; the atomic backward padded ones up to 128.
+      const bool mma = head_dim == v_head_dim && (head_dim == 64 || head_dim == 128);
+      CHECK((std::find(fwd.begin(), fwd.end(), kc::FwdKernel::mma_m128_n64) != fwd.end()) == mma);
+      CHECK((std::find(bwd.begin(), bwd.end(), kc::BwdKernel::mma) != bwd.end()) == mma);
+      CHECK((bwd.front() == kc::BwdKernel::wgmma_atomic) == (head_dim <= 128));
+      for (const kc::FwdKernel kernel : kc::fwd_kernels()) {
+        const std::string text = kc::describe_fwd_config(shape, kernel);
+        INFO(text);
+        CHECK(text.rfind(std::string("fwd ") + kc::fwd_kernel_name(kernel) + ":", 0) == 0);
+        const bool candidate = std::find(fwd.begin(), fwd.end(), kernel) != fwd.end();
+        CHECK((text.find("no configuration at these head dims") == std::string::npos) == (candidate || kernel == kc::FwdKernel::mma_m128_n64));
+      }
+      // The backward's description names the element type and head dims ("bf16 hd192/128").
+      const std::string dims_named = std::string(kc::element_type_label(dtype)) + " hd" + std::to_string(head_dim) +
+                                     (v_head_dim != head_dim ? "/" + std::to_string(v_head_dim) : "");
+      for (const kc::BwdKernel kernel : bwd) CHECK(kc::describe_bwd_config(shape, kernel).find(dims_named) != std::string::npos);
+    }
+    for (const auto& [head_dim, v_head_dim] : std::vector<std::pair<int, int>>{
+             {320, 320}, {100, 100}, {128, 64}, {64, 128}, {256, 128}, {0, 0}}) {
+      shape.head_dim = head_dim;
+      shape.v_head_dim = v_head_dim;
+      INFO(head_dim << "/" << v_head_dim);
+      CHECK_FALSE(kc::shape_supported(shape));
+      CHECK(kc::fwd_candidates(shape).empty());
+      CHECK(kc::bwd_candidates(shape, false).empty());
+      CHECK(kc::unsupported_shape_reason(shape).find(kc::kSupportedHeadDimsText) != std::string::npos);
+      CHECK_THROWS_AS(kc::default_fwd_kernel(shape), kc::UnsupportedConfig);
+    }
   }
+}
+
+TEST_CASE("launch options change how the kernels run, not what they compute", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  // The CTA table's order, plain launches and the forward's CTA count only move work between CTAs
+  // and launches: every row is still summed by one thread in one order (the deterministic
+  // backward), so the results are bitwise the default's. Batch 2 and 2 kv heads, so that the three
+  // orders differ; 64 q blocks of 64 rows x 2 packs x 2 batches, more items than 3 CTAs.
+  const Case c = make_case("dflash, batch 2", 2, 8, 2, 128, 64, 2048, dflash(2));
+  MaskContext mask(c.mask);
+  at::manual_seed(8);
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({2, 8, c.mask.q_len, 128}, cuda);
+  const at::Tensor k = at::randn({2, 2, c.mask.kv_len, 128}, cuda);
+  const at::Tensor v = at::randn({2, 2, c.mask.kv_len, 128}, cuda);
+  const at::Tensor dout = at::randn({2, 8, c.mask.q_len, 128}, cuda);
+  auto run = [&](CudaKernelChoice choice, DispatchTrace* trace) {
+    choice.fwd = "wgmma_m64_n64_overlap";
+    choice.bwd = "wgmma";
+    return run_step(q, k, v, dout, [&](auto& a, auto& b, auto& d) {
+      return fused_attention_cuda(a, b, d, mask, 0.088, /*deterministic=*/true, trace, choice);
+    });
+  };
+  const Grads base = run({}, nullptr);
+  std::vector<std::pair<CudaKernelChoice, std::string>> variants;
+  for (const char* order : {"interleaved", "batch", "kv_head"}) {
+    CudaKernelChoice choice;
+    choice.schedule_order = order;
+    variants.emplace_back(choice, std::string("CTA order ") + order);
+  }
+  CudaKernelChoice plain;
+  plain.programmatic_launch = false;
+  variants.emplace_back(plain, "plain launches");
+  for (const auto& [ctas, text] : std::vector<std::pair<int, std::string>>{
+           {-1, "one CTA per work item"}, {-2, "persistent CTAs, one per SM slot"}, {3, "at most 3 persistent CTAs"}}) {
+    CudaKernelChoice choice;
+    choice.fwd_ctas = ctas;
+    variants.emplace_back(choice, text);
+  }
+  for (const auto& [choice, text] : variants) {
+    INFO(text);
+    DispatchTrace trace;
+    const Grads again = run(choice, &trace);
+    CHECK(at::equal(base.out, again.out));
+    CHECK(at::equal(base.dq, again.dq));
+    CHECK(at::equal(base.dk, again.dk));
+    CHECK(at::equal(base.dv, again.dv));
+    const auto records = trace.records();
+    REQUIRE(records.size() == 2);
+    CHECK(records[0].config.find("launch options, " + text) != std::string::npos);
+  }
+  CudaKernelChoice unknown;
+  unknown.schedule_order = "by_head";
+  std::string message;
+  try {
+    run(unknown, nullptr);
+  } catch (const std::exception& error) {
+    message = error.what();
+  }
+  INFO(message);
+  CHECK(message.find("schedule order \"by_head\"") != std::string::npos);
 }
 
 #else  // built without the CUDA kernels

@@ -217,7 +217,7 @@ TEST_CASE("the mask bit tables' fallback cases have lists longer than the tables
     }
   }
   // dK/dV: 8 heads on 2 kv heads, the second document starting mid-block.
-  const tiling::Tile tile = tiling::bwd_dkdv_tile(8, 2);
+  const tiling::Tile tile = tiling::bwd_dkdv_tile(8, 2, 128);
   CHECK(most(build_block_mask(dflash_mask(96, 2048, 2, {1000, 1048}), tile.block_m, tile.block_n).q_num_blocks) >
         tiling::kBwdMaskBitSlots);
 }
@@ -237,8 +237,8 @@ TEST_CASE("wgmma_atomic splits kv blocks over CTAs only where few dK/dV CTAs wou
   // The split needs fp32 dK/dV accumulators [2][B, KVH, kv blocks * 128, D] in the atomic kernel's
   // scratch only, and room for its longer schedule in every kernel's (the kept buffers are sized
   // alike).
-  const auto atomic = tiling::bwd_scratch(1, 32, 1, 8192, 512, 128, 128);
-  const auto deterministic = tiling::bwd_scratch(1, 32, 1, 8192, 512, 128, 0);
+  const auto atomic = tiling::bwd_scratch(1, 32, 1, 8192, 128, 512, 128, true);
+  const auto deterministic = tiling::bwd_scratch(1, 32, 1, 8192, 128, 512, 128, false);
   CHECK(atomic.dkdv_splits == 4);
   CHECK(deterministic.dkdv_splits == 1);
   CHECK(atomic.dkdv_accum_bytes == 2 * 128 * 128 * 128 * 4);
@@ -246,6 +246,30 @@ TEST_CASE("wgmma_atomic splits kv blocks over CTAs only where few dK/dV CTAs wou
   CHECK(atomic.dkdv_accum >= atomic.dq_accum + atomic.dq_accum_bytes);
   CHECK(atomic.bytes >= atomic.dkdv_accum + atomic.dkdv_accum_bytes);
   CHECK(atomic.kept_bytes == deterministic.kept_bytes);
-  const auto tiny = tiling::bwd_scratch(1, 32, 1, 48, 1, 3, 128);  // 3 kv blocks x 8 splits > 3 + 4 dQ CTAs
+  const auto tiny = tiling::bwd_scratch(1, 32, 1, 48, 128, 1, 3, true);  // 3 kv blocks x 8 splits > 3 + 4 dQ CTAs
   CHECK(tiny.key_bits - tiny.schedule >= tiny.dkdv_ctas * tiny.dkdv_splits * tiling::kWorkItemBytes);
+}
+
+TEST_CASE("the backward tiles split columns above head_dim 128", "[blockmask]") {
+  namespace tiling = harness::kernels::cuda::tiling;
+  // Up to 128 (96 rounds up to it): 128-key dK/dV tiles, 128-row dQ tiles; above it 64 and 64.
+  for (const int64_t head_dim : {64, 96, 128}) {
+    INFO("head_dim " << head_dim);
+    CHECK(tiling::bwd_dkdv_tile(32, 8, head_dim).block_n == 128);
+    CHECK(tiling::bwd_dq_tile(32, 8, head_dim).rows == 128);
+  }
+  for (const int64_t head_dim : {160, 192, 256}) {
+    INFO("head_dim " << head_dim);
+    const tiling::Tile dkdv = tiling::bwd_dkdv_tile(32, 8, head_dim), dq = tiling::bwd_dq_tile(32, 8, head_dim);
+    CHECK(dkdv.block_n == 64);
+    CHECK(dkdv.rows == 64);
+    CHECK(dq.rows == 64);
+    CHECK(dq.heads_packed * dq.block_m == 64);
+  }
+  // The key bit table has an entry per key of a tile: the same bytes for twice the 64-key tiles.
+  const auto narrow = tiling::bwd_scratch(1, 32, 8, 2048, 256, 128, 64, false);
+  const tiling::Tile narrow_tile = tiling::bwd_dkdv_tile(32, 8, 256);
+  CHECK(narrow.row_bits - narrow.key_bits >= tiling::bwd_key_bits_bytes(64, narrow_tile.block_m, narrow_tile.block_n));
+  CHECK(tiling::bwd_key_bits_bytes(32, 64, 128) == tiling::bwd_key_bits_bytes(64, 64, 64));
+  CHECK(narrow.dq_ctas == 128 * 8);  // 64-row dQ tiles pack the group's 4 heads of 16 positions: 8 packs
 }

@@ -1,10 +1,7 @@
 #pragma once
-// Backward kernels (device code only). Three launches, no atomics:
-//   prep:     per query row (b, h, q) of a padded length q_pad: (lse * log2e, delta = rowsum(dO * O)),
-//             and per query position its mask predicate (QueryMaskRow); padded rows see nothing.
-//             For the atomic backward (bwd_wgmma_atomic_kernel.cuh) it also zeroes the row's fp32
-//             dQ accumulator.
-//   schedule: schedule_kernel.cuh ranks the dK/dV and dQ work items longest first.
+// Backward kernels, mma.sync generation (device code only). Three launches, no atomics:
+//   prep:     bwd_prep_kernel.cuh: per query row (lse * log2e, delta) and mask rows.
+//   schedule: tile_scheduler.cuh ranks the dK/dV and dQ work items longest first.
 //   main:     one launch whose CTAs are either
 //     dK/dV:  one kv block of one kv head; K and V stay resident while the CTA loops over every
 //             query head of its GQA group and every q block its kv block lists, with the transposed
@@ -24,107 +21,11 @@
 #include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/fwd_kernel.cuh"
+#include "kernels/cuda/kernel_common.cuh"
 #include "kernels/cuda/mask_device.cuh"
 #include "kernels/cuda/tile_math.cuh"
 
 namespace harness::kernels::cuda::device {
-
-//! Where the backward's internal buffers live inside BwdParams::scratch (see the launcher).
-struct BwdScratch {
-  float2* row_stats = nullptr;          //!< [B, H, q_pad]: (lse * log2e, delta)
-  QueryMaskRow* mask_rows = nullptr;    //!< [q_pad]
-  WorkItem* schedule = nullptr;         //!< one per CTA of the main launch
-  unsigned char* key_bits = nullptr;    //!< the dK/dV partial steps' mask bits (mask_bits.cuh)
-  uint64_t* row_bits = nullptr;         //!< the dQ partial steps' mask bits (the forward's format)
-  int32_t q_pad = 0;                    //!< q_len rounded up to 128 (every tiling's padded rows)
-  float* dq_accum = nullptr;            //!< wgmma_atomic only: [B, H, q_pad, D] fp32 dQ sums (unscaled)
-  //! wgmma_atomic with split kv blocks only (tiling::bwd_atomic_dkdv_splits): [2][B, KVH, kv_pad, D]
-  //! fp32 dK (unscaled), then dV sums; null otherwise.
-  float* dkdv_accum = nullptr;
-  int32_t kv_pad = 0;        //!< rows of one (batch, kv head) in dkdv_accum: kv blocks * 128
-  int32_t dkdv_splits = 1;   //!< wgmma_atomic's CTAs per (kv block, kv head, batch)
-};
-
-//! log2-scaled LSE for recomputing P = 2^(S*scale*log2e - lse2). Rows that saw nothing have
-//! lse = -inf; mapping them to +inf makes every recomputed P exactly 0 (finite gradients, no NaN).
-__device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
-
-template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads)
-    attention_bwd_prep_kernel(const __grid_constant__ BwdParams p, const BwdScratch scratch) {
-  constexpr int kPerRow = Cfg::kThreadsPerRow;
-  const int64_t rows_total = static_cast<int64_t>(p.shape.batch) * p.shape.heads * scratch.q_pad;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * Cfg::kRowsPerCta + threadIdx.x / kPerRow;
-  const int chunk = static_cast<int>(threadIdx.x) % kPerRow;
-  const int q = static_cast<int>(row % scratch.q_pad);
-  const int head = static_cast<int>((row / scratch.q_pad) % p.shape.heads);
-  const int batch = static_cast<int>(row / (static_cast<int64_t>(scratch.q_pad) * p.shape.heads));
-  const bool real = row < rows_total && q < p.shape.q_len;
-  // Launched programmatically (attention_launch.cu): the kernel ahead, whatever it is, may have
-  // written dO or still read the memory this kernel writes, so wait for it first.
-  grid_dependency_wait();
-  if (scratch.dq_accum != nullptr && row < rows_total) {
-    // wgmma_atomic: zero this row's chunk of the fp32 dQ accumulator (same rows, kHeadDim floats
-    // each), in place of a memset launch; the stores need nothing loaded, so they go out first.
-    float4* accum = reinterpret_cast<float4*>(scratch.dq_accum + row * Cfg::kHeadDim + chunk * 8);
-    accum[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-    accum[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  if (scratch.dkdv_accum != nullptr) {
-    // Split wgmma_atomic: zero the dK/dV accumulators too, strided over the whole grid (they are
-    // far smaller than dQ's: 2 * KVH * kv_pad rows against H * q_pad).
-    const int64_t chunks = 2ll * p.shape.batch * p.shape.kv_heads * scratch.kv_pad * Cfg::kHeadDim / 4;
-    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    float4* accum = reinterpret_cast<float4*>(scratch.dkdv_accum);
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks; i += stride) {
-      accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
-  float sum = 0.f;
-  if (real) {
-    const uint4 o = load_once_16(row_pointer(p.o, batch, head, q) + chunk * 8);
-    const uint4 d = load_once_16(row_pointer(p.dout, batch, head, q) + chunk * 8);
-    const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&o);
-    const __nv_bfloat162* d2 = reinterpret_cast<const __nv_bfloat162*>(&d);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 of = __bfloat1622float2(o2[i]);
-      const float2 df = __bfloat1622float2(d2[i]);
-      sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
-    }
-  }
-#pragma unroll
-  for (int offset = kPerRow / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (chunk != 0 || row >= rows_total) return;
-  const float lse2 = real ? lse_log2(p.lse[(static_cast<int64_t>(batch) * p.shape.heads + head) * p.shape.q_len + q]) : INFINITY;
-  scratch.row_stats[row] = make_float2(lse2, sum);
-  if (batch == 0 && head == 0) {
-    QueryMaskRow mask_row{};
-    mask_row.mask = query_mask(p.mask, q);  // q >= q_len: sees nothing
-    scratch.mask_rows[q] = mask_row;
-  }
-}
-
-//! A dQ tile's row info for this thread's two rows (from the prep kernel): mask, lse2, delta.
-//! The (lse2, delta) part alone (a dQ CTA's next head pack: the same queries, so the same masks).
-__device__ __forceinline__ void load_row_stats(const BwdParams& p, const BwdScratch& scratch, const PackedRows& rows, int batch,
-                                               const int (&my_row)[2], float (&row_lse2)[2], float (&row_delta)[2]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int q = rows.query(my_row[i]);  // < q_pad: padded rows have "nothing visible" entries
-    const float2 stats =
-        scratch.row_stats[(static_cast<int64_t>(batch) * p.shape.heads + rows.head(my_row[i])) * scratch.q_pad + q];
-    row_lse2[i] = stats.x;
-    row_delta[i] = stats.y;
-  }
-}
-__device__ __forceinline__ void load_row_info(const BwdParams& p, const BwdScratch& scratch, const PackedRows& rows, int batch,
-                                              const int (&my_row)[2], QueryMask (&row_mask)[2], float (&row_lse2)[2],
-                                              float (&row_delta)[2]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) row_mask[i] = scratch.mask_rows[rows.query(my_row[i])].mask;
-  load_row_stats(p, scratch, rows, batch, my_row, row_lse2, row_delta);
-}
 
 //! dK/dV of one kv block of one kv head (see the file comment).
 template <class Cfg>
@@ -229,30 +130,30 @@ __device__ __forceinline__ void bwd_dkdv_tile(const BwdParams& p, const BwdScrat
 
     // S^T: 16 keys x kBlockM queries for this warp.
     float st[kBlockM / 8][4] = {};
-    gemm_rows_by_rows<kHeadDim, kBlockM / 8>(st, s_k, first_row, s_q_stage, 0);
+    gemm_rows_by_rows<kHeadDim, kBlockM / 8, Cfg::kElement>(st, s_k, first_row, s_q_stage, 0);
     if (step % num_q_blocks < num_partial) mask_scores_transposed<kBlockM>(st, masks, kBlockM - 1, my_doc, my_kv);
     // P^T, then dV += P^T dO. P^T is kept as the bf16 A fragments the MMA takes (16 registers
     // instead of 32), and dS^T below is computed from the same rounded P^T.
     probabilities_transposed<kBlockM>(st, stats, scale_log2);
     uint32_t pt[kBlockM / 16][4];
-    to_a_fragments<kBlockM / 16>(pt, st);
-    gemm_frags_by_tile<kHeadDim, kBlockM / 16>(acc_dv, pt, s_do_stage, 0);
+    to_a_fragments<kBlockM / 16, Cfg::kElement>(pt, st);
+    gemm_frags_by_tile<kHeadDim, kBlockM / 16, Cfg::kElement>(acc_dv, pt, s_do_stage, 0);
     // dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
     float dpt[kBlockM / 8][4] = {};
-    gemm_rows_by_rows<kHeadDim, kBlockM / 8>(dpt, s_v, first_row, s_do_stage, 0);
-    score_gradients_transposed<kBlockM>(dpt, pt, stats);
-    gemm_regs_by_tile<kHeadDim, kBlockM / 16>(acc_dk, dpt, s_q_stage, 0);
+    gemm_rows_by_rows<kHeadDim, kBlockM / 8, Cfg::kElement>(dpt, s_v, first_row, s_do_stage, 0);
+    score_gradients_transposed<kBlockM, Cfg::kElement>(dpt, pt, stats);
+    gemm_regs_by_tile<kHeadDim, kBlockM / 16, Cfg::kElement>(acc_dk, dpt, s_q_stage, 0);
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];
     upcoming[kStages - 1] = fetched;
   }
   cp_async_wait<0>();
   __syncthreads();
-  accumulator_to_smem<kHeadDim>(s_k, first_row, acc_dk, p.scale, p.scale);
+  accumulator_to_smem<kHeadDim, Cfg::kElement>(s_k, first_row, acc_dk, p.scale, p.scale);
   store_warp_rows<kHeadDim>(s_k, first_row, [&](int row) -> __nv_bfloat16* {
     return kv0 + row < kv_len ? const_cast<__nv_bfloat16*>(row_pointer(p.dk, batch, kv_head, kv0 + row)) : nullptr;
   });
-  accumulator_to_smem<kHeadDim>(s_v, first_row, acc_dv, 1.f, 1.f);
+  accumulator_to_smem<kHeadDim, Cfg::kElement>(s_v, first_row, acc_dv, 1.f, 1.f);
   store_warp_rows<kHeadDim>(s_v, first_row, [&](int row) -> __nv_bfloat16* {
     return kv0 + row < kv_len ? const_cast<__nv_bfloat16*>(row_pointer(p.dv, batch, kv_head, kv0 + row)) : nullptr;
   });
@@ -325,21 +226,21 @@ __device__ __forceinline__ void bwd_dq_tile(const BwdParams& p, const BwdScratch
     const uint32_t s_k_stage = s_k + static_cast<uint32_t>(stage * KvTile::kBytes);
     const uint32_t s_v_stage = s_v + static_cast<uint32_t>(stage * KvTile::kBytes);
     float s[kBlockN / 8][4] = {};
-    gemm_rows_by_rows<kHeadDim, kBlockN / 8>(s, s_q, first_row, s_k_stage, 0);
+    gemm_rows_by_rows<kHeadDim, kBlockN / 8, Cfg::kElement>(s, s_q, first_row, s_k_stage, 0);
     const int kv0 = upcoming[0] * kBlockN;
     if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
     probabilities<kBlockN>(s, row_lse2, scale_log2);
     float dp[kBlockN / 8][4] = {};
-    gemm_rows_by_rows<kHeadDim, kBlockN / 8>(dp, s_do, first_row, s_v_stage, 0);
+    gemm_rows_by_rows<kHeadDim, kBlockN / 8, Cfg::kElement>(dp, s_do, first_row, s_v_stage, 0);
     score_gradients<kBlockN>(s, dp, row_delta);
-    gemm_regs_by_tile<kHeadDim, kBlockN / 16>(acc_dq, s, s_k_stage, 0);
+    gemm_regs_by_tile<kHeadDim, kBlockN / 16, Cfg::kElement>(acc_dq, s, s_k_stage, 0);
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];
     upcoming[kStages - 1] = fetched;
   }
   cp_async_wait<0>();
   __syncthreads();
-  accumulator_to_smem<kHeadDim>(s_q, first_row, acc_dq, p.scale, p.scale);
+  accumulator_to_smem<kHeadDim, Cfg::kElement>(s_q, first_row, acc_dq, p.scale, p.scale);
   store_warp_rows<kHeadDim>(s_q, first_row, [&](int row) -> __nv_bfloat16* {
     const int q = rows.query(row);
     return q < q_len ? const_cast<__nv_bfloat16*>(row_pointer(p.dq, batch, rows.head(row), q)) : nullptr;
@@ -356,10 +257,11 @@ __global__ void __launch_bounds__(DkdvCfg::kThreads, 1)
   const WorkItem work = scratch.schedule[blockIdx.x];
   const int num_kv_blocks = p.dkdv_blocks.num_kv_blocks;
   if (work.block < num_kv_blocks) {
-    bwd_dkdv_tile<DkdvCfg>(p, scratch, smem, work.block, work.copy % p.shape.kv_heads, work.copy / p.shape.kv_heads);
+    const DkdvWork dkdv = dkdv_work(work, p.shape.kv_heads, 1);
+    bwd_dkdv_tile<DkdvCfg>(p, scratch, smem, dkdv.kv_block, dkdv.kv_head, dkdv.batch);
   } else {
-    const int num_packs = p.shape.heads / (DqCfg::kBlockM / p.dq_blocks.block_m);
-    bwd_dq_tile<DqCfg>(p, scratch, smem, work.block - num_kv_blocks, work.copy % num_packs, work.copy / num_packs);
+    const DqWork dq = dq_work(work, num_kv_blocks, p.shape.heads / (DqCfg::kBlockM / p.dq_blocks.block_m));
+    bwd_dq_tile<DqCfg>(p, scratch, smem, dq.q_block, dq.pack, dq.batch);
   }
 }
 

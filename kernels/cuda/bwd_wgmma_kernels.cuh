@@ -1,302 +1,97 @@
 #pragma once
-// Backward for Hopper (device code only): the merged dK/dV + dQ launch of bwd_kernels.cuh, each
-// tile kind rebuilt on TMA + wgmma with one producer and two consumer warpgroups (the structure of
-// fwd_wgmma_kernel.cuh). No atomics: every output element is summed by one thread in a fixed
-// order, so the backward stays bitwise deterministic. It reads the prep kernel's per-row
-// (lse * log2e, delta) and per-position mask rows (bwd_kernels.cuh).
-//
-//   dK/dV tile: 128 keys of one kv head (consumer c owns keys 64c..64c+63); K and V resident; the
-//     producer streams (Q, row info) and dO of every listed q block of every head pack of the GQA
-//     group. Per step, with the transposed formulation (keys are the M dimension):
-//       S^T = K Q^T (smem x smem), P^T = 2^(S^T scale log2e - lse2), dV += P^T dO (P^T from registers),
-//       dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q (dS^T from registers).
+// Backward for Hopper (device code only), deterministic: the merged dK/dV + dQ launch of
+// bwd_kernels.cuh, each tile kind on TMA + wgmma with one producer and two consumer warpgroups.
+// No atomics: every output element is summed by one thread in a fixed order, so the backward stays
+// bitwise deterministic. It reads the prep kernel's per-row (lse * log2e, delta) and per-position
+// mask rows (bwd_prep_kernel.cuh).
+//   dK/dV tile: the dK/dV mainloop (bwd_dkdv_mainloop.cuh) without dQ: 4 GEMMs per step.
 //   dQ tile: 128 query rows of one head pack (consumer c owns rows 64c..), Q and dO resident; the
 //     producer streams K and V of every listed kv block:
-//       S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K.
+//       S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K (7 GEMMs per pair in all).
 // Every product's B operand is a TMA-loaded tile read K-major (S, dP) or N-major (dV, dK, dQ).
 
 #include <cuda.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/attention_params.h"
-#include "kernels/cuda/bwd_kernels.cuh"
+#include "kernels/cuda/bwd_dkdv_mainloop.cuh"
+#include "kernels/cuda/bwd_prep_kernel.cuh"
 #include "kernels/cuda/device_utils.cuh"
-#include "kernels/cuda/fwd_kernel.cuh"
 #include "kernels/cuda/hopper_utils.cuh"
+#include "kernels/cuda/kernel_common.cuh"
 #include "kernels/cuda/mask_bits.cuh"
 #include "kernels/cuda/mask_device.cuh"
 #include "kernels/cuda/tile_math.cuh"
+#include "kernels/cuda/tile_scheduler.cuh"
 #include "kernels/cuda/wgmma_ops.cuh"
+#include "kernels/cuda/wgmma_tiles.cuh"
 
 namespace harness::kernels::cuda::device {
 
-//! Tensor maps of the backward (see fwd_wgmma_kernel.cuh for the format): the q-side maps exist
-//! twice because the dK/dV steps (64 rows) and the dQ tiles (128 rows) pack different boxes.
-struct BwdTensorMaps {
-  CUtensorMap q_dkdv, dout_dkdv;  //!< boxes of the dK/dV step's 64 packed rows
-  CUtensorMap k_dkdv, v_dkdv;     //!< boxes of 128 keys (the dK/dV tile)
-  CUtensorMap dk, dv;             //!< boxes of 64 keys (one consumer's rows)
-  CUtensorMap q_dq, dout_dq;      //!< boxes of the dQ tile's 128 packed rows
-  CUtensorMap k_dq, v_dq;         //!< boxes of the dQ step's kBlockN keys
-  CUtensorMap dq;                 //!< boxes of one consumer's 64 rows
-};
-
-//! Bulk (non-tensor) global -> shared copy of `bytes` (multiple of 16, both ends 16-byte aligned).
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
-//! The barriers of either tile kind: one for the resident tiles, two "full" per stage (the
-//! stage's two operands arrive separately) and one "empty" per stage.
-template <int kStages>
-struct BwdBarriers {
-  uint32_t base;
-  __device__ __forceinline__ uint32_t resident() const { return base; }
-  __device__ __forceinline__ uint32_t first(int stage) const { return base + 8u * (1 + stage); }
-  __device__ __forceinline__ uint32_t second(int stage) const { return base + 8u * (1 + kStages + stage); }
-  __device__ __forceinline__ uint32_t empty(int stage) const { return base + 8u * (1 + 2 * kStages + stage); }
-};
-
-//! acc (64 key rows x kRows) = X Y^T, issued (not committed): X = 64 resident rows (K or V) at
-//! `keys` within a tile of kKeys rows, Y = kRows staged rows (Q or dO) at `rows`; both stored as
-//! kHeadDim / 64 halves of 128-byte swizzled rows, the halves kKeys (kRows) rows apart. The dQ tile
-//! uses it the other way round: X = a consumer's 64 Q (dO) rows, Y = a stage's keys (S, dP).
-template <int kHeadDim, int kKeys, int kRows>
-__device__ __forceinline__ void keys_times_rows(float (&acc)[kRows / 8][4], uint32_t keys, uint32_t rows) {
-#pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    const uint32_t k_offset = (kk % 4) * 32;
-    wgmma_ss<kRows, false>(acc, smem_descriptor(keys + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
-                           smem_descriptor(rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
-  }
-}
-
-//! acc (64 rows x kHeadDim) += A B, issued (not committed): A = the kRows columns of register
-//! fragments `a` (P^T, dS^T or dS), B = kRows staged rows at `rows` (dO, Q or K: kHeadDim wide, N-major,
-//! the halves kRows rows apart).
-template <int kHeadDim, int kRows>
-__device__ __forceinline__ void fragments_times_rows(float (&acc)[kHeadDim / 8][4], const uint32_t (&a)[kRows / 16][4],
-                                                     uint32_t rows) {
-#pragma unroll
-  for (int kk = 0; kk < kRows / 16; ++kk) {
-    wgmma_rs<kHeadDim, true>(acc, a[kk], smem_descriptor(rows + kk * 16 * 128, kRows * 128, 1024), true);
-  }
-}
-
-//! Stores a consumer's fp32 accumulator (64 rows x kHeadDim, times `factor`) as bf16 into rows
-//! row0.. of a swizzled tile of `tile_rows` rows (see hopper_utils.cuh), then one thread of the
-//! warpgroup TMA-stores those 64 rows at (row coordinate, head, batch) of `map`.
-template <int kHeadDim>
-__device__ __forceinline__ void store_consumer_rows(const float (&acc)[kHeadDim / 8][4], float factor, uint32_t tile,
-                                                    int tile_rows, int row0, int consumer, const CUtensorMap* map,
-                                                    int row_coord, int head_coord, int batch, bool wait_read = true) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int first = row0 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16 + (lane >> 2);
-#pragma unroll
-  for (int j = 0; j < kHeadDim / 8; ++j) {
-    const int col = j * 8 + (lane & 3) * 2;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint32_t packed = pack_bf16(acc[j][2 * i] * factor, acc[j][2 * i + 1] * factor);
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(tile + swizzled_offset(tile_rows, first + 8 * i, col)), "r"(packed)
-                   : "memory");
-    }
-  }
-  fence_async_shared();
-  named_barrier_sync(1 + consumer, 128);
-  if ((threadIdx.x & 127) == 0) {
-#pragma unroll
-    for (int half = 0; half < kHeadDim / 64; ++half) {
-      tma_store_4d(map, tile + half * tile_rows * 128 + row0 * 128, half * 64, row_coord, head_coord, batch);
-    }
-    tma_store_commit();
-    // Before the CTA may exit or the rows be written again. A caller that does neither may skip
-    // it: a later wait covers every store this thread committed.
-    if (wait_read) tma_store_wait_read();
-  }
-}
-
 // ---- dK / dV ------------------------------------------------------------------------------------
 
+//! dK and dV of one kv block of one kv head: the dK/dV mainloop (bwd_dkdv_mainloop.cuh) without
+//! dQ, then the stores.
 template <class Cfg>
 __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const BwdTensorMaps& maps, const BwdScratch& scratch,
                                                     uint32_t smem, int kv_block, int kv_head, int batch) {
-  constexpr int kHeadDim = Cfg::kHeadDim;
-  constexpr int kStages = Cfg::kStages;
-  constexpr int kHalves = kHeadDim / 64;
-  constexpr int kKeys = Cfg::kDkdvKeys;  // 128
-  constexpr int kRows = Cfg::kDkdvRows;  // 64 query rows per step
-  // Shared memory: K, V resident; per stage Q, dO, (lse2, delta) rows and mask rows.
-  const uint32_t s_k = smem;
-  const uint32_t s_v = s_k + Cfg::kDkdvKvBytes;
-  const uint32_t s_q = s_v + Cfg::kDkdvKvBytes;                // kStages Q tiles
-  const uint32_t s_do = s_q + kStages * Cfg::kDkdvQBytes;      // kStages dO tiles
-  const uint32_t s_stats = s_do + kStages * Cfg::kDkdvQBytes;  // kStages x kRows float2
-  const uint32_t s_masks = s_stats + kStages * kRows * 8;      // kStages x kRows QueryMaskRow
-  const uint32_t s_bits = s_masks + kStages * kRows * 32;      // kStages x kKeys mask bit entries
-  const BwdBarriers<kStages> bar{s_bits + kStages * kKeys * 8};
-
-  const BlockListParams& blocks = p.dkdv_blocks;
-  const int block_m = blocks.block_m;
-  const int heads_packed = kRows / block_m;
-  const int group = p.shape.heads / p.shape.kv_heads;
-  const VisitList q_list = q_blocks_of(blocks, kv_block);
-  const int num_partial = q_list.num_partial, num_q_blocks = q_list.count;
-  // Steps run over (head pack, q block): every query head of the group, so dK/dV end complete.
-  const int num_steps = (group / heads_packed) * num_q_blocks;
-  auto q_block_at = [&](int step) { return step >= num_steps ? 0 : q_list.at(step % num_q_blocks); };
-  const int kv0 = kv_block * kKeys;
-
-  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  using Mainloop = BwdDkdvMainloop<typename Cfg::Dkdv, Cfg::kElement, /*kAtomicDq=*/false>;
+  const Mainloop mainloop(smem);
+  const DkdvSteps steps = Mainloop::steps(p, kv_block, kv_head, 0, 1);
+  // With split columns the consumer index decides which products a warpgroup issues: broadcast
+  // from lane 0 (warpgroup_index), ptxas knows those branches are uniform and does not serialize
+  // the wgmma under them.
+  const int warpgroup = Cfg::kSplitColumns ? warpgroup_index() : static_cast<int>(threadIdx.x) / 128;
   if (warpgroup == 0) {
     warpgroup_registers_decrease<Cfg::kProducerRegisters>();
     if (threadIdx.x != 0) return;
-    mbarrier_arrive_expect_tx(bar.resident(), 2 * Cfg::kDkdvKvBytes);
-#pragma unroll
-    for (int half = 0; half < kHalves; ++half) {
-      tma_load_4d(s_k + half * kKeys * 128, &maps.k_dkdv, bar.resident(), half * 64, kv0, kv_head, batch);
-      tma_load_4d(s_v + half * kKeys * 128, &maps.v_dkdv, bar.resident(), half * 64, kv0, kv_head, batch);
-    }
-    int q_block = q_block_at(0);
-    for (int step = 0; step < num_steps; ++step) {
-      const int next = q_block_at(step + 1);
-      const int stage = step % kStages;
-      const int head0 = kv_head * group + (step / num_q_blocks) * heads_packed;
-      const int q0 = q_block * block_m;
-      mbarrier_wait(bar.empty(stage), ((step / kStages) & 1) ^ 1);
-      const uint32_t q_stage = s_q + stage * Cfg::kDkdvQBytes;
-      const uint32_t do_stage = s_do + stage * Cfg::kDkdvQBytes;
-      // First: Q, the rows' (lse2, delta) (block_m per head, contiguous) and the positions' mask rows.
-      // A partial step within the table's slots also copies its keys' mask bits.
-      const int slot = step % num_q_blocks;
-      const bool bits = slot < num_partial && slot < tiling::kBwdMaskBitSlots;
-      const int bits_bytes = kKeys * (block_m / 8);
-      mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kDkdvQBytes + kRows * 8 + block_m * 32 + (bits ? bits_bytes : 0));
-#pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
-        tma_load_4d(q_stage + half * kRows * 128, &maps.q_dkdv, bar.first(stage), half * 64, q0, head0, batch);
-      }
-      for (int h = 0; h < heads_packed; ++h) {
-        bulk_load(s_stats + stage * kRows * 8 + h * block_m * 8,
-                  scratch.row_stats + (static_cast<int64_t>(batch) * p.shape.heads + head0 + h) * scratch.q_pad + q0,
-                  block_m * 8, bar.first(stage));
-      }
-      bulk_load(s_masks + stage * kRows * 32, scratch.mask_rows + q0, block_m * 32, bar.first(stage));
-      if (bits) {
-        bulk_load(s_bits + stage * kKeys * 8,
-                  scratch.key_bits + (static_cast<int64_t>(kv_block) * tiling::kBwdMaskBitSlots + slot) * bits_bytes,
-                  bits_bytes, bar.first(stage));
-      }
-      // Second: dO.
-      mbarrier_arrive_expect_tx(bar.second(stage), Cfg::kDkdvQBytes);
-#pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
-        tma_load_4d(do_stage + half * kRows * 128, &maps.dout_dkdv, bar.second(stage), half * 64, q0, head0, batch);
-      }
-      q_block = next;
-    }
-    return;
+    return mainloop.load(p, maps, scratch, steps, kv_block, kv_head, batch);
   }
-
   warpgroup_registers_increase<Cfg::kConsumerRegisters>();
-  const int consumer = warpgroup - 1;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int first_key = consumer * 64 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16;
-  const int my_kv[2] = {kv0 + first_key + (lane >> 2), kv0 + first_key + (lane >> 2) + 8};
-  const int32_t my_doc[2] = {key_doc(p.mask, my_kv[0]), key_doc(p.mask, my_kv[1])};
-  const float scale_log2 = p.scale * kLog2e;
-  const uint32_t k_rows = s_k + consumer * 64 * 128;
-  const uint32_t v_rows = s_v + consumer * 64 * 128;
-
-  float acc_dk[kHeadDim / 8][4] = {};
-  float acc_dv[kHeadDim / 8][4] = {};
-  mbarrier_wait(bar.resident(), 0);
-  for (int step = 0; step < num_steps; ++step) {
-    const int stage = step % kStages;
-    const uint32_t parity = (step / kStages) & 1;
-    const uint32_t q_stage = s_q + stage * Cfg::kDkdvQBytes;
-    const uint32_t do_stage = s_do + stage * Cfg::kDkdvQBytes;
-    const float2* stats = reinterpret_cast<const float2*>(__cvta_shared_to_generic(s_stats + stage * kRows * 8));
-    const QueryMaskRow* masks = reinterpret_cast<const QueryMaskRow*>(__cvta_shared_to_generic(s_masks + stage * kRows * 32));
-
-    // S^T (this consumer's 64 keys x 64 query rows) and dP^T = V dO^T, issued back to back: dP^T
-    // needs no P, so it runs while this consumer masks S^T and computes P^T.
-    float st[kRows / 8][4];
-    float dpt[kRows / 8][4];
-    mbarrier_wait(bar.first(stage), parity);
-    mbarrier_wait(bar.second(stage), parity);
-    wgmma_fence();
-    keys_times_rows<kHeadDim, kKeys, kRows>(st, k_rows, q_stage);
-    wgmma_commit();
-    keys_times_rows<kHeadDim, kKeys, kRows>(dpt, v_rows, do_stage);
-    wgmma_commit();
-    wgmma_wait<1>();  // S^T is in; dP^T runs on
-    fence_registers(st);
-    // Mask rows are per query position: column c (head c / block_m) reads position c % block_m.
-    if (const int slot = step % num_q_blocks; slot < num_partial) {
-      mask_partial_step_transposed<kRows>(st, slot, s_bits + stage * kKeys * 8, masks, block_m, my_doc, my_kv, kv0);
-    }
-    // P^T, kept as the bf16 A fragments of dV += P^T dO (dS^T below uses the same rounded values).
-    probabilities_transposed<kRows>(st, stats, scale_log2);
-    uint32_t pt[kRows / 16][4];
-    to_a_fragments<kRows / 16>(pt, st);
-
-    // dV += P^T dO, issued behind dP^T; dS^T is computed while it runs.
-    fence_registers(acc_dv);
-    wgmma_fence();
-    fragments_times_rows<kHeadDim, kRows>(acc_dv, pt, do_stage);
-    wgmma_commit();
-    wgmma_wait<1>();  // dP^T is in; dV runs on
-    fence_registers(dpt);
-
-    // dS^T = P^T (dP^T - delta), then dK += dS^T Q.
-    score_gradients_transposed<kRows>(dpt, pt, stats);
-    uint32_t dst[kRows / 16][4];
-    to_a_fragments<kRows / 16>(dst, dpt);
-    fence_registers(acc_dk);
-    wgmma_fence();
-    fragments_times_rows<kHeadDim, kRows>(acc_dk, dst, q_stage);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(acc_dv);
-    fence_registers(acc_dk);
-    mbarrier_arrive(bar.empty(stage));
+  const typename Mainloop::Thread thread = mainloop.thread(p, warpgroup - 1, steps.kv0);
+  if constexpr (Cfg::kSplitColumns) {
+    typename Mainloop::SplitDk acc_dk = {};
+    typename Mainloop::SplitDv acc_dv = {};
+    mainloop.run_deterministic(thread, steps, acc_dk, acc_dv);
+    mainloop.store_split(p, maps, thread, steps, kv_head, batch, acc_dk, acc_dv);
+  } else {
+    float acc_dk[Cfg::kHeadDim / 8][4] = {};
+    float acc_dv[Cfg::kHeadDimV / 8][4] = {};
+    mainloop.run_deterministic(thread, steps, acc_dk, acc_dv);
+    mainloop.store(p, maps, thread, steps, kv_head, batch, acc_dk, acc_dv);
   }
-
-  // Epilogue: this consumer's 64 keys of dK (scaled) and dV, through its own rows of K and V.
-  named_barrier_sync(1 + consumer, 128);
-  store_consumer_rows<kHeadDim>(acc_dk, p.scale, s_k, kKeys, consumer * 64, consumer, &maps.dk, kv0 + consumer * 64, kv_head,
-                                batch);
-  store_consumer_rows<kHeadDim>(acc_dv, 1.f, s_v, kKeys, consumer * 64, consumer, &maps.dv, kv0 + consumer * 64, kv_head,
-                                batch);
 }
 
 // ---- dQ -----------------------------------------------------------------------------------------
 
 //! dQ of one q block for `tiles` (1 or 2) head packs, one after the other: pack `pack`, then
 //! pack + 1. Each has its own Q and dO buffers, and the second's are loaded while the first runs,
-//! so a CTA pays the wait for a tile's resident rows (and the row info's loads) once for both
-//! (H200: the dQ tiles of sliding_window-8k are ~17 steps each, and that wait was a tenth of them;
-//! the main kernel 803 -> 785 µs with two packs). The K/V stage ring runs on across the two.
+//! so a CTA pays the wait for a tile's resident rows (and the row info's loads) once for both (the
+//! dQ tiles of sliding_window-8k are ~17 steps each, and that wait was a tenth of them). The K/V
+//! stage ring runs on across the two. With split columns (Cfg::kSplitColumns) the tile is 64 rows
+//! that both consumers share: each computes S and dP in full and keeps its 64-column blocks of dQ.
 template <class Cfg>
 __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdTensorMaps& maps, const BwdScratch& scratch,
                                                   uint32_t smem, int q_block, int pack, int tiles, int batch) {
   constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kHeadDimV = Cfg::kHeadDimV;
+  constexpr ElementType kElement = Cfg::kElement;
   constexpr int kStages = Cfg::kStages;
   constexpr int kHalves = kHeadDim / 64;
-  constexpr int kRows = Cfg::kDqRows;      // 128
+  constexpr int kHalvesV = kHeadDimV / 64;
+  constexpr bool kSplit = Cfg::kSplitColumns;
+  constexpr int kOwned = (kHalves + 1) / 2;  // dQ blocks a consumer keeps with split columns
+  constexpr int kRows = Cfg::kDqRows;      // 128, or 64 with split columns
   constexpr int kBlockN = Cfg::kDqBlockN;  // keys per step
-  static_assert(Cfg::kDqTiles == 2, "two Q/dO buffers");
-  auto s_q = [&](int tile) { return smem + tile * 2 * Cfg::kDqQBytes; };
-  auto s_do = [&](int tile) { return smem + tile * 2 * Cfg::kDqQBytes + Cfg::kDqQBytes; };
-  const uint32_t s_k = smem + Cfg::kDqTiles * 2 * Cfg::kDqQBytes;  // kStages K tiles
-  const uint32_t s_v = s_k + kStages * Cfg::kDqKvBytes;            // kStages V tiles
-  const BwdBarriers<kStages> bar{s_v + kStages * Cfg::kDqKvBytes};
+  auto s_q = [&](int tile) { return smem + tile * (Cfg::kDqQBytes + Cfg::kDqDoBytes); };
+  auto s_do = [&](int tile) { return smem + tile * (Cfg::kDqQBytes + Cfg::kDqDoBytes) + Cfg::kDqQBytes; };
+  const uint32_t s_k = smem + Cfg::kDqTiles * (Cfg::kDqQBytes + Cfg::kDqDoBytes);  // kStages K tiles
+  const uint32_t s_v = s_k + kStages * Cfg::kDqKBytes;                             // kStages V tiles
+  const BwdBarriers<kStages> bar{s_v + kStages * Cfg::kDqVBytes};
   // The second tile's resident rows: the barrier after the stage ring's.
   auto resident = [&](int tile) { return tile == 0 ? bar.resident() : bar.base + 8u * (1 + 3 * kStages); };
 
@@ -309,17 +104,22 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
   const int num_partial = kv_list.num_partial, num_blocks = kv_list.count;
   auto kv_block_at = [&](int step) { return kv_list.at(step); };
 
-  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  // With split columns the consumer index decides which products a warpgroup issues: broadcast
+  // from lane 0 (warpgroup_index), ptxas knows those branches are uniform and does not serialize
+  // the wgmma under them.
+  const int warpgroup = Cfg::kSplitColumns ? warpgroup_index() : static_cast<int>(threadIdx.x) / 128;
   if (warpgroup == 0) {
     warpgroup_registers_decrease<Cfg::kProducerRegisters>();
     if (threadIdx.x != 0) return;
     auto load_resident = [&](int tile) {
       const PackedRows rows = rows_of(tile);
-      mbarrier_arrive_expect_tx(resident(tile), 2 * Cfg::kDqQBytes);
+      mbarrier_arrive_expect_tx(resident(tile), Cfg::kDqQBytes + Cfg::kDqDoBytes);
 #pragma unroll
       for (int half = 0; half < kHalves; ++half) {
         tma_load_4d(s_q(tile) + half * kRows * 128, &maps.q_dq, resident(tile), half * 64, rows.q0, rows.head0, batch);
-        tma_load_4d(s_do(tile) + half * kRows * 128, &maps.dout_dq, resident(tile), half * 64, rows.q0, rows.head0, batch);
+        if (half < kHalvesV) {
+          tma_load_4d(s_do(tile) + half * kRows * 128, &maps.dout_dq, resident(tile), half * 64, rows.q0, rows.head0, batch);
+        }
       }
     };
     load_resident(0);
@@ -331,16 +131,16 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
         const int next = kv_block_at(step + 1);
         const int stage = ring % kStages;
         mbarrier_wait(bar.empty(stage), ((ring / kStages) & 1) ^ 1);
-        mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kDqKvBytes);
+        mbarrier_arrive_expect_tx(bar.first(stage), Cfg::kDqKBytes);
 #pragma unroll
         for (int half = 0; half < kHalves; ++half) {
-          tma_load_4d(s_k + stage * Cfg::kDqKvBytes + half * kBlockN * 128, &maps.k_dq, bar.first(stage), half * 64,
+          tma_load_4d(s_k + stage * Cfg::kDqKBytes + half * kBlockN * 128, &maps.k_dq, bar.first(stage), half * 64,
                       kv_block * kBlockN, kv_head, batch);
         }
-        mbarrier_arrive_expect_tx(bar.second(stage), Cfg::kDqKvBytes);
+        mbarrier_arrive_expect_tx(bar.second(stage), Cfg::kDqVBytes);
 #pragma unroll
-        for (int half = 0; half < kHalves; ++half) {
-          tma_load_4d(s_v + stage * Cfg::kDqKvBytes + half * kBlockN * 128, &maps.v_dq, bar.second(stage), half * 64,
+        for (int half = 0; half < kHalvesV; ++half) {
+          tma_load_4d(s_v + stage * Cfg::kDqVBytes + half * kBlockN * 128, &maps.v_dq, bar.second(stage), half * 64,
                       kv_block * kBlockN, kv_head, batch);
         }
         // The second tile's Q and dO go out behind the first step's K and V.
@@ -355,7 +155,7 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
   warpgroup_registers_increase<Cfg::kConsumerRegisters>();
   const int consumer = warpgroup - 1;
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int first_row = consumer * 64 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16;
+  const int first_row = (kSplit ? 0 : consumer * 64) + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16;
   const int my_row[2] = {first_row + (lane >> 2), first_row + (lane >> 2) + 8};
   QueryMask row_mask[2];
   float row_lse2[2];
@@ -379,8 +179,8 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
 
   int ring = 0;
   for (int tile = 0; tile < tiles; ++tile) {
-    const uint32_t q_rows = s_q(tile) + consumer * 64 * 128;
-    const uint32_t do_rows = s_do(tile) + consumer * 64 * 128;
+    const uint32_t q_rows = s_q(tile) + (kSplit ? 0 : consumer * 64 * 128);
+    const uint32_t do_rows = s_do(tile) + (kSplit ? 0 : consumer * 64 * 128);
     if (tile == 1) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -388,15 +188,16 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
         row_delta[i] = next_delta[i];
       }
     }
-    float acc_dq[kHeadDim / 8][4] = {};
+    // dQ: this consumer's 64 rows x the head dim, or with split columns its blocks of the tile's rows.
+    std::conditional_t<kSplit, float[kOwned][8][4], float[kHeadDim / 8][4]> acc_dq = {};
     int kv_block = kv_block_at(0);
     mbarrier_wait(resident(tile), 0);
     for (int step = 0; step < num_blocks; ++step, ++ring) {
       const int next = kv_block_at(step + 1);
       const int stage = ring % kStages;
       const uint32_t parity = (ring / kStages) & 1;
-      const uint32_t k_stage = s_k + stage * Cfg::kDqKvBytes;
-      const uint32_t v_stage = s_v + stage * Cfg::kDqKvBytes;
+      const uint32_t k_stage = s_k + stage * Cfg::kDqKBytes;
+      const uint32_t v_stage = s_v + stage * Cfg::kDqVBytes;
 
       // S = Q K^T and dP = dO V^T, issued together.
       float s[kBlockN / 8][4];
@@ -406,10 +207,10 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
       if (table) keep = keep_bits_from_table<kBlockN>(table_row[0] + step * block_m, table_row[1] + step * block_m);
       mbarrier_wait(bar.first(stage), parity);
       wgmma_fence();
-      keys_times_rows<kHeadDim, kRows, kBlockN>(s, q_rows, k_stage);
+      keys_times_rows<kHeadDim, kRows, kBlockN, kElement>(s, q_rows, k_stage);
       wgmma_commit();
       mbarrier_wait(bar.second(stage), parity);
-      keys_times_rows<kHeadDim, kRows, kBlockN>(dp, do_rows, v_stage);
+      keys_times_rows<kHeadDimV, kRows, kBlockN, kElement>(dp, do_rows, v_stage);
       wgmma_commit();
       wgmma_wait<1>();  // S is in; dP may still run
       fence_registers(s);
@@ -424,24 +225,32 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
       fence_registers(dp);
       score_gradients<kBlockN>(s, dp, row_delta);
       uint32_t ds[kBlockN / 16][4];
-      to_a_fragments<kBlockN / 16>(ds, s);
-      fence_registers(acc_dq);
+      to_a_fragments<kBlockN / 16, kElement>(ds, s);
+      fence_accumulator(acc_dq);
       wgmma_fence();
-      fragments_times_rows<kHeadDim, kBlockN>(acc_dq, ds, k_stage);
+      fragments_times_columns<kHeadDim, kBlockN, kElement>(acc_dq, ds, k_stage, consumer);
       wgmma_commit();
       wgmma_wait<0>();
-      fence_registers(acc_dq);
+      fence_accumulator(acc_dq);
       mbarrier_arrive(bar.empty(stage));
       kv_block = next;
     }
 
     // The output goes out through this consumer's own Q rows of the tile (no product reads them
-    // any more); the first tile's buffer is not reused, so only the last store is waited for.
-    named_barrier_sync(1 + consumer, 128);
+    // any more); the first tile's buffer is not reused, so only the last store is waited for. With
+    // split columns through its blocks of the shared rows, once both consumers are past their
+    // products.
     const PackedRows rows = rows_of(tile);
-    const int row0 = consumer * 64;
-    store_consumer_rows<kHeadDim>(acc_dq, p.scale, s_q(tile), kRows, row0, consumer, &maps.dq, rows.query(row0),
-                                  rows.head(row0), batch, /*wait_read=*/tile + 1 == tiles);
+    if constexpr (kSplit) {
+      named_barrier_sync(kConsumersBarrier, 256);
+      store_kept_blocks<kOwned, kElement>(acc_dq, p.scale, s_q(tile), kRows, kHalves, consumer, &maps.dq, rows.query(0),
+                                          rows.head(0), batch);
+    } else {
+      named_barrier_sync(1 + consumer, 128);
+      const int row0 = consumer * 64;
+      store_consumer_rows<kHeadDim, kElement>(acc_dq, p.scale, s_q(tile), kRows, row0, consumer, &maps.dq, rows.query(row0),
+                                              rows.head(row0), batch, /*wait_read=*/tile + 1 == tiles);
+    }
   }
 }
 
@@ -456,11 +265,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const WorkItem work = scratch.schedule[blockIdx.x];
   const int num_kv_blocks = p.dkdv_blocks.num_kv_blocks;
   const bool dkdv = work.block < num_kv_blocks;
-  // dQ tiles run in pairs of head packs (bwd_dq_wgmma_tile) where a q block has an even number of
-  // packs: the schedule writes a q block's packs next to each other (its copies, in a row), so the
-  // CTA of an even pack runs the odd one after it and the odd one's CTA exits at once.
+  // dQ tiles run in pairs of head packs where the packs are even (bwd_dq_wgmma_tile, dq_tiles_per_cta):
+  // the CTA of an odd pack has nothing to do.
   const int num_packs = p.shape.heads / (Cfg::kDqRows / p.dq_blocks.block_m);
-  const int dq_tiles = num_packs % 2 == 0 ? 2 : 1;
+  const int dq_tiles = Cfg::kDqTiles == 2 ? dq_tiles_per_cta(num_packs) : 1;
   if (!dkdv && dq_tiles == 2 && (work.copy % num_packs) % 2 == 1) return;
   const uint32_t bars = smem + (dkdv ? Cfg::kDkdvBarrierOffset : Cfg::kDqBarrierOffset);
   if (threadIdx.x == 0) {
@@ -473,10 +281,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();
   if (dkdv) {
-    bwd_dkdv_wgmma_tile<Cfg>(p, maps, scratch, smem, work.block, work.copy % p.shape.kv_heads, work.copy / p.shape.kv_heads);
+    const DkdvWork tile = dkdv_work(work, p.shape.kv_heads, 1);
+    bwd_dkdv_wgmma_tile<Cfg>(p, maps, scratch, smem, tile.kv_block, tile.kv_head, tile.batch);
   } else {
-    bwd_dq_wgmma_tile<Cfg>(p, maps, scratch, smem, work.block - num_kv_blocks, work.copy % num_packs, dq_tiles,
-                           work.copy / num_packs);
+    const DqWork dq = dq_work(work, num_kv_blocks, num_packs);
+    bwd_dq_wgmma_tile<Cfg>(p, maps, scratch, smem, dq.q_block, dq.pack, dq_tiles, dq.batch);
   }
 }
 

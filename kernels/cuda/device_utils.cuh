@@ -4,8 +4,11 @@
 // sm_90's grid dependency control (programmatic dependent launch).
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
+
+#include "kernels/cuda/attention_config.h"
 
 namespace harness::kernels::cuda::device {
 
@@ -73,24 +76,47 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t sme
                : "r"(smem_addr));
 }
 
-//! c += a * b for one m16n8k16 tile: a row-major bf16 (4 regs), b column-major bf16 (2 regs), c fp32.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+//! c += a * b for one m16n8k16 tile: a row-major (4 regs), b column-major (2 regs), both of the
+//! element type, c fp32.
+template <ElementType kElement>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kElement == ElementType::fp16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 }
 
-//! Two floats as one bf16x2 register, `lo` in the low half (the lower column of an MMA fragment).
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 packed = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&packed);
+//! Two floats as one register of two elements (round to nearest even), `lo` in the low half (the
+//! lower column of an MMA fragment). fp16 saturates nothing: a value past 65504 becomes inf, as in
+//! every fp16 flash kernel (P is at most 1 after the row's max, and O, dS are the caller's scale).
+template <ElementType kElement>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kElement == ElementType::fp16) {
+    const __half2 packed = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&packed);
+  } else {
+    const __nv_bfloat162 packed = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&packed);
+  }
 }
 
-//! The two floats of a bf16x2 register (low half first).
-__device__ __forceinline__ float2 unpack_bf16(uint32_t packed) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
+//! The two floats of a register of two elements (low half first).
+template <ElementType kElement>
+__device__ __forceinline__ float2 unpack2(uint32_t packed) {
+  if constexpr (kElement == ElementType::fp16) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&packed));
+  } else {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
+  }
 }
 
 //! 2^x with the special-function unit (ex2.approx: 2 ulp, -inf -> 0), as every flash kernel does;

@@ -57,6 +57,8 @@ struct FusedCudaState : torch::CustomClassHolder {
   std::shared_ptr<MaskContext::KeptBuffer> bwd_schedule_merged, bwd_schedule_atomic;
   cudaStream_t schedule_stream = nullptr;  //!< the stream they are built and read on
   bool keep_schedules = true;              //!< CudaKernelChoice::keep_schedules of the call
+  kc::LaunchOptions launch;                //!< the call's launch options (launch_options)
+  int32_t fwd_ctas = kc::kFwdCtasKernelDefault;  //!< FwdParams::max_ctas of the call
   float scale = 1.f;
   bool deterministic = false;
   DispatchTrace* trace = nullptr;
@@ -132,6 +134,55 @@ bool autotune_enabled() {
 std::string environment(const char* name) {
   const char* value = std::getenv(name);
   return value ? value : "";
+}
+
+//! The launch options of a call (CudaKernelChoice's, or where it leaves one at its default the
+//! documented environment override: HARNESS_SCHEDULE_ORDER, HARNESS_CUDA_PDL=0,
+//! HARNESS_CUDA_FWD_PERSISTENT = 0 | 1 | grid:N) into `state`.
+void set_launch_options(const CudaKernelChoice& choice, FusedCudaState& state) {
+  const std::string order = choice.schedule_order.empty() ? environment("HARNESS_SCHEDULE_ORDER") : choice.schedule_order;
+  state.launch.schedule_order = kc::ScheduleOrder::kernel_default;
+  if (!order.empty()) {
+    bool known = false;
+    for (const kc::ScheduleOrder candidate :
+         {kc::ScheduleOrder::interleaved, kc::ScheduleOrder::batch, kc::ScheduleOrder::kv_head}) {
+      if (order == kc::schedule_order_label(candidate)) {
+        state.launch.schedule_order = candidate;
+        known = true;
+      }
+    }
+    TORCH_CHECK(known, kWho, ": schedule order \"", order, "\" (",
+                choice.schedule_order.empty() ? "HARNESS_SCHEDULE_ORDER" : "the call's options",
+                "); expected interleaved, batch or kv_head");
+  }
+  state.launch.programmatic = choice.programmatic_launch && environment("HARNESS_CUDA_PDL") != "0";
+  state.fwd_ctas = choice.fwd_ctas;
+  const std::string ctas = environment("HARNESS_CUDA_FWD_PERSISTENT");
+  if (choice.fwd_ctas == kc::kFwdCtasKernelDefault && !ctas.empty()) {
+    const bool grid = ctas.rfind("grid:", 0) == 0 && ctas.size() > 5 &&
+                      ctas.find_first_not_of("0123456789", 5) == std::string::npos && std::stol(ctas.substr(5)) > 0;
+    TORCH_CHECK(ctas == "0" || ctas == "1" || grid, kWho, ": HARNESS_CUDA_FWD_PERSISTENT=\"", ctas,
+                "\"; expected 0 (one CTA per work item), 1 (one per SM slot) or grid:N");
+    state.fwd_ctas = ctas == "0"   ? kc::kFwdCtasPerItem
+                     : ctas == "1" ? kc::kFwdCtasPerSmSlot
+                                   : to_int32(std::stol(ctas.substr(5)), "HARNESS_CUDA_FWD_PERSISTENT grid:N");
+  }
+  TORCH_CHECK(state.fwd_ctas >= kc::kFwdCtasPerSmSlot, kWho, ": fwd_ctas ", state.fwd_ctas,
+              "; expected 0 (the kernel's default), -1 (one per work item), -2 (one per SM slot) or N > 0");
+}
+
+//! The call's launch options that differ from the defaults, for the dispatch record ("" when none).
+std::string launch_text(const FusedCudaState& state, bool forward) {
+  std::string text;
+  const std::string order = kc::schedule_order_label(state.launch.schedule_order);
+  if (!order.empty()) text += ", CTA order " + order;
+  if (!state.launch.programmatic) text += ", plain launches (no programmatic dependent launch)";
+  if (forward && state.fwd_ctas != kc::kFwdCtasKernelDefault) {
+    text += state.fwd_ctas == kc::kFwdCtasPerItem     ? ", one CTA per work item"
+            : state.fwd_ctas == kc::kFwdCtasPerSmSlot ? ", persistent CTAs, one per SM slot"
+                                                      : ", at most " + std::to_string(state.fwd_ctas) + " persistent CTAs";
+  }
+  return text.empty() ? text : "; launch options" + text;
 }
 
 //! One autotuner per device for the process, keyed by the GPU and this build, with the disk cache
@@ -223,9 +274,11 @@ std::string joined(const std::vector<std::string>& names) {
 }
 
 //! The kernel named by the call's options, else by `env_name`, else the autotuner's choice among
-//! `names` for `key` (timed by `time`), else (autotuning off) `fallback`.
-KernelPick pick_kernel(const std::string& requested, const char* env_name, const std::vector<std::string>& names,
-                       const std::string& fallback, const AutotuneKey& key, const TimingFunction& time, int device) {
+//! `names` (the kernels that run at the call's shape, of `known`; `shape_text` names the shape) for
+//! `key` (timed by `time`), else (autotuning off) `fallback`.
+KernelPick pick_kernel(const std::string& requested, const char* env_name, const std::vector<std::string>& known,
+                       const std::vector<std::string>& names, const std::string& shape_text, const std::string& fallback,
+                       const AutotuneKey& key, const TimingFunction& time, int device) {
   std::string forced = requested;
   std::string source = "the call's options";
   if (forced.empty()) {
@@ -233,8 +286,12 @@ KernelPick pick_kernel(const std::string& requested, const char* env_name, const
     source = env_name;
   }
   if (!forced.empty()) {
+    if (std::find(known.begin(), known.end(), forced) == known.end()) {
+      throw UnsupportedError(std::string(kWho) + ": unknown kernel \"" + forced + "\" (" + source + "); known: " + joined(known));
+    }
     if (std::find(names.begin(), names.end(), forced) == names.end()) {
-      throw UnsupportedError(std::string(kWho) + ": unknown kernel \"" + forced + "\" (" + source + "); known: " + joined(names));
+      throw UnsupportedError(std::string(kWho) + ": kernel \"" + forced + "\" (" + source + ") does not run at " + shape_text +
+                             "; the kernels that do: " + joined(names));
     }
     return {forced, "forced by " + source};
   }
@@ -271,10 +328,12 @@ bool capturing(cudaStream_t stream) {
 
 //! The key of a kept schedule: what it depends on besides the mask (the launch shape, the kernel),
 //! and the stream it is built and read on (so that no launch reads it before it is written).
-std::string schedule_key(const char* what, const kc::AttentionShape& s, cudaStream_t stream) {
+std::string schedule_key(const char* what, const FusedCudaState& state, cudaStream_t stream) {
+  const kc::AttentionShape& s = state.shape;
+  const std::string order = kc::schedule_order_label(state.launch.schedule_order);
   return std::string(what) + " b" + std::to_string(s.batch) + " h" + std::to_string(s.heads) + " kv" +
-         std::to_string(s.kv_heads) + " d" + std::to_string(s.head_dim) + " stream " +
-         std::to_string(reinterpret_cast<uintptr_t>(stream));
+         std::to_string(s.kv_heads) + " d" + std::to_string(s.head_dim) + (order.empty() ? "" : " order " + order) +
+         " stream " + std::to_string(reinterpret_cast<uintptr_t>(stream));
 }
 
 //! Points `cache` at a kept schedule (or leaves it empty without one).
@@ -285,18 +344,27 @@ void use_schedule(const std::shared_ptr<MaskContext::KeptBuffer>& kept, kc::Sche
   cache.written = kept->written.load();
 }
 
-//! The autotuner's key of a call: op with the head counts, head dim, dtype, mask kind, lengths.
+//! "head dims 192/128 bf16": what decides which kernels a shape has.
+std::string dims_text(const kc::AttentionShape& s) {
+  return "head dims " + std::to_string(s.head_dim) + "/" + std::to_string(kc::value_head_dim_of(s)) + " " +
+         kc::element_type_label(s.dtype);
+}
+
+//! The autotuner's key of a call: op with the head counts (and the v head dim where it differs
+//! from q·k's), head dim, dtype, mask kind, lengths.
 AutotuneKey tuning_key(const char* op, const FusedCudaState& state) {
-  const std::string name = std::string(op) + "_h" + std::to_string(state.shape.heads) + "_kv" +
-                           std::to_string(state.shape.kv_heads) + "_b" + std::to_string(state.shape.batch);
-  return AutotuneKey::attention(name, state.shape.head_dim, "bf16", state.mask_kind, state.shape.q_len, state.shape.kv_len);
+  const kc::AttentionShape& s = state.shape;
+  const int32_t v_head_dim = kc::value_head_dim_of(s);
+  const std::string name = std::string(op) + "_h" + std::to_string(s.heads) + "_kv" + std::to_string(s.kv_heads) + "_b" +
+                           std::to_string(s.batch) + (v_head_dim != s.head_dim ? "_dv" + std::to_string(v_head_dim) : "");
+  return AutotuneKey::attention(name, s.head_dim, kc::element_type_label(s.dtype), state.mask_kind, s.q_len, s.kv_len);
 }
 
 //! The forward kernels: out and the LSE, without autograd (picks state->fwd_kernel).
 FusedForward run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, FusedCudaState* state) {
   RECORD_FUNCTION("harness::fused_cuda forward (host)", std::vector<c10::IValue>());
   const c10::cuda::CUDAGuard device_guard(q.device());
-  at::Tensor out = at::empty(q.sizes(), q.options());
+  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   TORCH_CHECK(state->forward_mask != nullptr, "fused_cuda attention: forward without its mask");
   MaskContext& mask = *state->forward_mask;
@@ -316,24 +384,26 @@ FusedForward run_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
     params.lse = lse.data_ptr<float>();
     params.scale = state->scale;
     params.mask = state->mask;
+    params.max_ctas = state->fwd_ctas;
     params.blocks = block_list(mask.block_mask(tile.block_m, tile.block_n, q.device()));
     scratch = at::empty({static_cast<int64_t>(kc::fwd_scratch_bytes(params.shape, params.blocks, kernel))},
                         q.options().dtype(at::kByte));
     params.scratch = scratch.data_ptr();
     params.scratch_bytes = static_cast<size_t>(scratch.numel());
     if (keep_schedules) {
-      kept = mask.kept_buffer(schedule_key(kc::fwd_kernel_name(kernel), state->shape, stream),
+      kept = mask.kept_buffer(schedule_key(kc::fwd_kernel_name(kernel), *state, stream),
                               static_cast<int64_t>(kc::fwd_schedule_bytes(params.shape, params.blocks, kernel)), q.device());
     }
     use_schedule(kept, params.schedule);
     return params;
   };
   auto run = [&](const kc::FwdParams& params, const std::shared_ptr<MaskContext::KeptBuffer>& kept) {
-    kc::run_attention_fwd(params, stream);
+    kc::run_attention_fwd(params, stream, state->launch);
     if (kept) kept->written = true;
   };
   launch([&] {
-    static const std::vector<std::string> names = kernel_names(kc::fwd_kernels(), kc::fwd_kernel_name);
+    static const std::vector<std::string> known = kernel_names(kc::fwd_kernels(), kc::fwd_kernel_name);
+    const std::vector<std::string> names = kernel_names(kc::fwd_candidates(state->shape), kc::fwd_kernel_name);
     // Candidates write the real out and lse (the chosen kernel overwrites them below), so tuning
     // adds no output-sized memory to the step; what stays is each candidate's BlockMask.
     const TimingFunction time = [&](const std::string& name) {
@@ -350,7 +420,7 @@ FusedForward run_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
     KernelPick pick;
     {
       RECORD_FUNCTION("harness::fused_cuda pick", std::vector<c10::IValue>());
-      pick = pick_kernel(state->requested_fwd, "HARNESS_CUDA_FWD_KERNEL", names,
+      pick = pick_kernel(state->requested_fwd, "HARNESS_CUDA_FWD_KERNEL", known, names, dims_text(state->shape),
                          kc::fwd_kernel_name(kc::default_fwd_kernel(state->shape)), tuning_key("attention_fwd", *state),
                          time, q.device().index());
     }
@@ -385,7 +455,7 @@ FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::
   RECORD_FUNCTION("harness::fused_cuda backward (host)", std::vector<c10::IValue>());
   const c10::cuda::CUDAGuard device_guard(q.device());
   TORCH_CHECK(grad_out.sizes() == out.sizes(), "fused_cuda attention backward: expected one gradient shaped like the output");
-  const at::Tensor dout = kernel_layout(grad_out.to(at::kBFloat16));
+  const at::Tensor dout = kernel_layout(grad_out.to(q.scalar_type()));
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(k.sizes(), k.options());
   at::Tensor dv = at::empty(v.sizes(), v.options());
@@ -424,7 +494,7 @@ FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::
     use_schedule(kept_for(trial.kernel), trial.schedule);
   };
   auto run = [&](const kc::BwdParams& trial) {
-    kc::run_attention_bwd(trial, stream);
+    kc::run_attention_bwd(trial, stream, state->launch);
     if (const auto kept = kept_for(trial.kernel)) kept->written = true;
   };
   launch([&] {
@@ -432,7 +502,9 @@ FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::
     static const std::vector<std::string> all_names = kernel_names(kc::bwd_kernels(), kc::bwd_kernel_name);
     static const std::vector<std::string> deterministic_names =
         kernel_names(kc::deterministic_bwd_kernels(), kc::bwd_kernel_name);
-    const std::vector<std::string>& names = state->deterministic ? deterministic_names : all_names;
+    const std::vector<std::string>& known = state->deterministic ? deterministic_names : all_names;
+    const std::vector<std::string> names =
+        kernel_names(kc::bwd_candidates(state->shape, state->deterministic), kc::bwd_kernel_name);
     require_deterministic_choice(*state);  // checked in the forward already; the environment may have changed
     // Candidates write the real gradients (the chosen kernel overwrites them below), so tuning
     // adds no gradient-sized memory to the step.
@@ -447,8 +519,8 @@ FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::
     };
     {
       RECORD_FUNCTION("harness::fused_cuda pick", std::vector<c10::IValue>());
-      pick = pick_kernel(state->requested_bwd, "HARNESS_CUDA_BWD_KERNEL", names,
-                         kc::bwd_kernel_name(kc::default_bwd_kernel(state->deterministic)),
+      pick = pick_kernel(state->requested_bwd, "HARNESS_CUDA_BWD_KERNEL", known, names, dims_text(state->shape),
+                         kc::bwd_kernel_name(kc::default_bwd_kernel(state->shape, state->deterministic)),
                          tuning_key(state->deterministic ? "attention_bwd_deterministic" : "attention_bwd", *state), time,
                          q.device().index());
     }
@@ -468,7 +540,7 @@ FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::
                         "per pair): NOT bitwise deterministic") +
              " (deterministic=" + (state->deterministic ? "true" : "false") + " asked); kernel " + pick.name + " " +
              pick.how,
-         kc::describe_bwd_config(state->shape, params.kernel), pick.name});
+         kc::describe_bwd_config(state->shape, params.kernel) + launch_text(*state, false), pick.name});
   }
   return {dq, dk, dv};
 }
@@ -512,21 +584,22 @@ PreparedCall prepare_call(const at::Tensor& q_in, const at::Tensor& k_in, const 
   TORCH_CHECK(k_in.device() == q_in.device() && v_in.device() == q_in.device(),
               "fused_cuda attention: q, k, v must be on one device (got ", q_in.device(), ", ", k_in.device(), ", ",
               v_in.device(), ")");
-  if (q_in.scalar_type() != at::kBFloat16 || k_in.scalar_type() != at::kBFloat16 || v_in.scalar_type() != at::kBFloat16) {
-    throw UnsupportedError(std::string("fused_cuda attention: dtype ") + c10::toString(q_in.scalar_type()) +
-                           " has no kernel (bf16 only)");
+  const at::ScalarType dtype = q_in.scalar_type();
+  if ((dtype != at::kBFloat16 && dtype != at::kHalf) || k_in.scalar_type() != dtype || v_in.scalar_type() != dtype) {
+    throw UnsupportedError(std::string("fused_cuda attention: dtypes q ") + c10::toString(dtype) + ", k " +
+                           c10::toString(k_in.scalar_type()) + ", v " + c10::toString(v_in.scalar_type()) +
+                           " have no kernel (q, k and v all bf16 or all fp16 do)");
   }
   const int64_t head_dim = q_in.size(3);
-  if (!kc::head_dim_supported(static_cast<int>(head_dim))) {
-    throw UnsupportedError("fused_cuda attention: head_dim " + std::to_string(head_dim) + " has no kernel (64 and 128 do)");
-  }
   const auto* properties = at::cuda::getDeviceProperties(q_in.device().index());
   if (properties->major != 9) {
     throw UnsupportedError("fused_cuda attention: " + std::string(properties->name) + " is sm_" +
                            std::to_string(properties->major) + std::to_string(properties->minor) +
                            "; the kernels are built for sm_90a (Hopper)");
   }
-  TORCH_CHECK(k_in.sizes() == v_in.sizes(), "fused_cuda attention: k and v must have one shape");
+  TORCH_CHECK(k_in.size(0) == v_in.size(0) && k_in.size(1) == v_in.size(1) && k_in.size(2) == v_in.size(2),
+              "fused_cuda attention: k and v must have one batch, kv head count and length (got ", k_in.sizes(), " and ",
+              v_in.sizes(), ")");
   TORCH_CHECK(q_in.size(0) == k_in.size(0), "fused_cuda attention: batch of q (", q_in.size(0), ") and k (", k_in.size(0),
               ") differ");
   TORCH_CHECK(k_in.size(1) > 0 && q_in.size(1) % k_in.size(1) == 0, "fused_cuda attention: heads (", q_in.size(1),
@@ -543,7 +616,10 @@ PreparedCall prepare_call(const at::Tensor& q_in, const at::Tensor& k_in, const 
   auto state = c10::make_intrusive<FusedCudaState>();
   state->shape = kc::AttentionShape{to_int32(q.size(0), "batch"), to_int32(q.size(1), "heads"), to_int32(k.size(1), "kv_heads"),
                                     to_int32(q.size(2), "q_len"), to_int32(k.size(2), "kv_len"),
-                                    static_cast<int32_t>(head_dim)};
+                                    to_int32(head_dim, "head_dim"), to_int32(v.size(3), "v head_dim"),
+                                    dtype == at::kHalf ? kc::ElementType::fp16 : kc::ElementType::bf16};
+  // The head dims and dtype the kernels cover (attention_config.h); the reason names them.
+  if (!kc::shape_supported(state->shape)) throw UnsupportedError(kc::unsupported_shape_reason(state->shape));
   state->scale = static_cast<float>(scale);
   state->deterministic = deterministic;
   state->trace = trace;
@@ -567,6 +643,7 @@ PreparedCall prepare_call(const at::Tensor& q_in, const at::Tensor& k_in, const 
   // The backward's schedules, kept with the mask (its block lists fix them, with the shape).
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
   state->keep_schedules = kernels.keep_schedules;
+  set_launch_options(kernels, *state);
   if (kernels.keep_schedules && !capturing(stream)) {
     state->schedule_stream = stream;
     const kc::BlockListParams dq = block_list(state->dq_blocks), dkdv = block_list(state->dkdv_blocks);
@@ -574,9 +651,9 @@ PreparedCall prepare_call(const at::Tensor& q_in, const at::Tensor& k_in, const 
       return static_cast<int64_t>(kc::bwd_schedule_bytes(state->shape, dq, dkdv, kernel));
     };
     state->bwd_schedule_merged =
-        mask.kept_buffer(schedule_key("bwd merged", state->shape, stream), bytes(kc::BwdKernel::wgmma), q.device());
+        mask.kept_buffer(schedule_key("bwd merged", *state, stream), bytes(kc::BwdKernel::wgmma), q.device());
     state->bwd_schedule_atomic =
-        mask.kept_buffer(schedule_key("bwd atomic", state->shape, stream), bytes(kc::BwdKernel::wgmma_atomic), q.device());
+        mask.kept_buffer(schedule_key("bwd atomic", *state, stream), bytes(kc::BwdKernel::wgmma_atomic), q.device());
   }
 
   state->requested_fwd = kernels.fwd;
@@ -587,10 +664,12 @@ void record_forward(const FusedCudaState& state, const at::Device& device) {
   if (!state.trace) return;
   RECORD_FUNCTION("harness::fused_cuda dispatch record", std::vector<c10::IValue>());
   state.trace->record({"attention_fwd", "fused_cuda", device.str(),
-                       "impl=fused on CUDA: block-sparse flash attention (bf16, online softmax, LSE saved), empty blocks "
-                       "skipped, full blocks without mask work; kernel " + std::string(kc::fwd_kernel_name(state.fwd_kernel)) +
+                       "impl=fused on CUDA: block-sparse flash attention (" + dims_text(state.shape) +
+                           ", online softmax, LSE saved), empty blocks skipped, full blocks without mask work; kernel " +
+                           std::string(kc::fwd_kernel_name(state.fwd_kernel)) +
                            " " + state.fwd_how,
-                       kc::describe_fwd_config(state.shape, state.fwd_kernel), kc::fwd_kernel_name(state.fwd_kernel)});
+                       kc::describe_fwd_config(state.shape, state.fwd_kernel) + launch_text(state, true),
+                       kc::fwd_kernel_name(state.fwd_kernel)});
 }
 
 }  // namespace

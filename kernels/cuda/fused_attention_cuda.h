@@ -8,11 +8,12 @@
 
 namespace harness::kernels {
 
-//! Fused block-sparse attention on the GPU as a torch::autograd::Function: bf16 q [B, H, Q, D],
-//! k and v [B, H_KV, KV, D] (H a multiple of H_KV), head_dim 64 or 128, an sm_90 device. The
-//! forward saves q, k, v, out and the LSE; the backward runs the fused dK/dV and dQ kernels, which
-//! are deterministic by construction (no atomics), so `deterministic` changes nothing and is only
-//! recorded. `kernels` picks the kernels (see CudaKernelChoice; by default the autotuner times
+//! Fused block-sparse attention on the GPU as a torch::autograd::Function: q [B, H, Q, D], k
+//! [B, H_KV, KV, D] and v [B, H_KV, KV, DV] (H a multiple of H_KV), all bf16 or all fp16, head
+//! dims D/DV of kernels::cuda::kSupportedHeadDimsText (attention_config.h: 64 to 256, and 192/128),
+//! an sm_90 device; out is [B, H, Q, DV]. The forward saves q, k, v, out and the LSE; the backward
+//! runs the fused dK/dV and dQ kernels (`deterministic` keeps the candidates to the bitwise
+//! reproducible ones). `kernels` picks the kernels (see CudaKernelChoice; by default the autotuner times
 //! every candidate on the first call of a key and caches the fastest in memory and on disk).
 //! Records attention_fwd / attention_bwd in `trace` (may be null; it must outlive the backward),
 //! naming the kernel and how it was chosen. Throws UnsupportedError for a dtype, head_dim or

@@ -12,86 +12,12 @@
 #include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/kernel_common.cuh"
 #include "kernels/cuda/mask_device.cuh"
 #include "kernels/cuda/tile_math.cuh"
+#include "kernels/cuda/tile_scheduler.cuh"
 
 namespace harness::kernels::cuda::device {
-
-//! Which (head, query position) each MMA row of a packed tile is: rows [j*block_m, (j+1)*block_m)
-//! are head head0 + j. block_m is a power of two (checked by the launcher), so these are shifts.
-struct PackedRows {
-  int block_m_shift;
-  int head0;
-  int q0;
-  __device__ __forceinline__ int head(int row) const { return head0 + (row >> block_m_shift); }
-  __device__ __forceinline__ int query(int row) const { return q0 + (row & ((1 << block_m_shift) - 1)); }
-};
-
-//! What a forward CTA computes: work item (q block, head pack + batch) of the longest-first
-//! schedule, as the packed rows of a tile of `tile_rows` rows.
-struct FwdWork {
-  int q_block;
-  int batch;
-  PackedRows rows;
-  int kv_head;
-};
-__device__ __forceinline__ FwdWork fwd_work(const FwdParams& p, WorkItem work, int tile_rows) {
-  const int block_m = p.blocks.block_m;
-  const int heads_packed = tile_rows / block_m;
-  const int num_packs = p.shape.heads / heads_packed;
-  const PackedRows rows{__ffs(block_m) - 1, (work.copy % num_packs) * heads_packed, work.block * block_m};
-  return {work.block, work.copy / num_packs, rows, rows.head0 / (p.shape.heads / p.shape.kv_heads)};
-}
-
-//! The blocks one CTA visits, in order: the partial ones (mask evaluated per element), then the
-//! full ones (no mask work), from one row (kv blocks of a q block) or one column (q blocks of a kv
-//! block) of a BlockMask.
-struct VisitList {
-  int num_partial;
-  int count;
-  const int32_t* partial;
-  const int32_t* full;
-  //! The block of visit `step`; 0 past the end (callers prefetch one or more steps ahead).
-  __device__ __forceinline__ int at(int step) const {
-    return step >= count ? 0 : step < num_partial ? __ldg(partial + step) : __ldg(full + step - num_partial);
-  }
-};
-//! The kv list of a q block whose counts are known (read once by another thread and handed over).
-__device__ __forceinline__ VisitList kv_blocks_of(const BlockListParams& b, int q_block, int num_partial, int count) {
-  const int64_t row = static_cast<int64_t>(q_block) * b.num_kv_blocks;
-  return {num_partial, count, b.kv_indices + row, b.full_kv_indices + row};
-}
-__device__ __forceinline__ VisitList kv_blocks_of(const BlockListParams& b, int q_block) {
-  const int partial = __ldg(b.kv_num_blocks + q_block);
-  return kv_blocks_of(b, q_block, partial, partial + __ldg(b.full_kv_num_blocks + q_block));
-}
-__device__ __forceinline__ VisitList q_blocks_of(const BlockListParams& b, int kv_block) {
-  const int partial = __ldg(b.q_num_blocks + kv_block);
-  const int64_t column = static_cast<int64_t>(kv_block) * b.num_q_blocks;
-  return {partial, partial + __ldg(b.full_q_num_blocks + kv_block), b.q_indices + column, b.full_q_indices + column};
-}
-
-//! End of the forward for this thread's two rows: quad-reduces the row sums, writes each real
-//! row's LSE, and gives 1 / sum (0 for a row that saw nothing) to normalize O with.
-__device__ __forceinline__ void finish_rows(const FwdParams& p, const PackedRows& rows, int batch, const int (&my_row)[2],
-                                            const float (&row_max)[2], const float (&row_sum)[2], float scale_log2,
-                                            float (&inv_sum)[2]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float sum = quad_sum(row_sum[i]);
-    inv_sum[i] = sum > 0.f ? 1.f / sum : 0.f;
-    const int q = rows.query(my_row[i]);
-    if ((threadIdx.x & 3) == 0 && q < p.shape.q_len) {
-      p.lse[(static_cast<int64_t>(batch) * p.shape.heads + rows.head(my_row[i])) * p.shape.q_len + q] =
-          row_lse(row_max[i], sum, scale_log2);
-    }
-  }
-}
-
-__device__ __forceinline__ const __nv_bfloat16* row_pointer(const TensorRef& t, int batch, int head, int row) {
-  return static_cast<const __nv_bfloat16*>(t.data) + batch * t.stride_batch + head * t.stride_head +
-         static_cast<int64_t>(row) * t.stride_row;
-}
 
 //! cp.async of the K and V tiles of one kv block (kBlockN keys from kv0 of one kv head) into
 //! swizzled shared-memory tiles; keys past kv_len are zero-filled. Shared by the mma.sync forward
@@ -151,7 +77,7 @@ __device__ __forceinline__ void store_warp_rows(uint32_t smem_tile, int first_ro
 
 //! Writes a warp's fp32 accumulator (16 rows x kHeadDim, m16n8 C layout) as bf16 into its own
 //! rows of a swizzled tile, each value multiplied by the row's factor.
-template <int kHeadDim>
+template <int kHeadDim, ElementType kElement>
 __device__ __forceinline__ void accumulator_to_smem(uint32_t smem_tile, int first_row, const float (&acc)[kHeadDim / 8][4],
                                                     float factor_row0, float factor_row1) {
   constexpr int kChunks = kHeadDim / 8;
@@ -160,8 +86,8 @@ __device__ __forceinline__ void accumulator_to_smem(uint32_t smem_tile, int firs
   const int row1 = row0 + 8;
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) {
-    const uint32_t lo = pack_bf16(acc[j][0] * factor_row0, acc[j][1] * factor_row0);
-    const uint32_t hi = pack_bf16(acc[j][2] * factor_row1, acc[j][3] * factor_row1);
+    const uint32_t lo = pack2<kElement>(acc[j][0] * factor_row0, acc[j][1] * factor_row0);
+    const uint32_t hi = pack2<kElement>(acc[j][2] * factor_row1, acc[j][3] * factor_row1);
     const uint32_t byte_in_chunk = static_cast<uint32_t>((lane & 3) * 4);
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_tile + static_cast<uint32_t>((row0 * kChunks + (j ^ (row0 & 7))) * 16) +
                                                    byte_in_chunk),
@@ -176,7 +102,7 @@ __device__ __forceinline__ void accumulator_to_smem(uint32_t smem_tile, int firs
 
 //! acc[16 x 8*kTilesN] += A[16 rows from a_first_row of tile A] * B^T where B's rows (the n index)
 //! are rows b_first_row.. of tile B (both [rows x kHeadDim] swizzled, k = head dim).
-template <int kHeadDim, int kTilesN>
+template <int kHeadDim, int kTilesN, ElementType kElement>
 __device__ __forceinline__ void gemm_rows_by_rows(float (&acc)[kTilesN][4], uint32_t tile_a, int a_first_row, uint32_t tile_b,
                                                   int b_first_row) {
   constexpr int kChunks = kHeadDim / 8;
@@ -196,15 +122,15 @@ __device__ __forceinline__ void gemm_rows_by_rows(float (&acc)[kTilesN][4], uint
       const int b_row = b_first_row + nn * 16 + b_row_in_pair;
       const int b_chunk = kk * 2 + b_chunk_half;
       ldmatrix_x4(b, tile_b + static_cast<uint32_t>((b_row * kChunks + (b_chunk ^ (b_row & 7))) * 16));
-      mma_bf16(acc[2 * nn], a, b[0], b[1]);
-      mma_bf16(acc[2 * nn + 1], a, b[2], b[3]);
+      mma_16816<kElement>(acc[2 * nn], a, b[0], b[1]);
+      mma_16816<kElement>(acc[2 * nn + 1], a, b[2], b[3]);
     }
   }
 }
 
 //! acc[16 x kHeadDim] += A[16 x 16*kStepsK] (bf16 fragments in registers) * B where B is a swizzled
 //! [rows x kHeadDim] tile read k-major (ldmatrix.trans) from row b_first_row.
-template <int kHeadDim, int kStepsK>
+template <int kHeadDim, int kStepsK, ElementType kElement>
 __device__ __forceinline__ void gemm_frags_by_tile(float (&acc)[kHeadDim / 8][4], const uint32_t (&a)[kStepsK][4],
                                                    uint32_t tile_b, int b_first_row) {
   constexpr int kChunks = kHeadDim / 8;
@@ -219,19 +145,19 @@ __device__ __forceinline__ void gemm_frags_by_tile(float (&acc)[kHeadDim / 8][4]
       uint32_t b[4];
       const int b_chunk = dd * 2 + b_chunk_half;
       ldmatrix_x4_trans(b, tile_b + static_cast<uint32_t>((b_row * kChunks + (b_chunk ^ (b_row & 7))) * 16));
-      mma_bf16(acc[2 * dd], a[kk], b[0], b[1]);
-      mma_bf16(acc[2 * dd + 1], a[kk], b[2], b[3]);
+      mma_16816<kElement>(acc[2 * dd], a[kk], b[0], b[1]);
+      mma_16816<kElement>(acc[2 * dd + 1], a[kk], b[2], b[3]);
     }
   }
 }
 
 //! acc += P * B with P in fp32 C-layout tiles (rounded to bf16 for the MMA).
-template <int kHeadDim, int kStepsK>
+template <int kHeadDim, int kStepsK, ElementType kElement>
 __device__ __forceinline__ void gemm_regs_by_tile(float (&acc)[kHeadDim / 8][4], const float (&p)[2 * kStepsK][4],
                                                   uint32_t tile_b, int b_first_row) {
   uint32_t a[kStepsK][4];
-  to_a_fragments<kStepsK>(a, p);
-  gemm_frags_by_tile<kHeadDim, kStepsK>(acc, a, tile_b, b_first_row);
+  to_a_fragments<kStepsK, kElement>(a, p);
+  gemm_frags_by_tile<kHeadDim, kStepsK, kElement>(acc, a, tile_b, b_first_row);
 }
 
 template <class Cfg>
@@ -300,12 +226,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     const uint32_t s_k_stage = s_k + static_cast<uint32_t>(stage * KvTile::kBytes);
     const uint32_t s_v_stage = s_v + static_cast<uint32_t>(stage * KvTile::kBytes);
     float s[kBlockN / 8][4] = {};
-    gemm_rows_by_rows<kHeadDim, kBlockN / 8>(s, s_q, first_row, s_k_stage, 0);
+    gemm_rows_by_rows<kHeadDim, kBlockN / 8, Cfg::kElement>(s, s_q, first_row, s_k_stage, 0);
 
     const int kv0 = upcoming[0] * kBlockN;
     if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
     online_softmax<kBlockN, kHeadDim>(s, acc_o, row_max, row_sum, scale_log2);
-    gemm_regs_by_tile<kHeadDim, kBlockN / 16>(acc_o, s, s_v_stage, 0);
+    gemm_regs_by_tile<kHeadDim, kBlockN / 16, Cfg::kElement>(acc_o, s, s_v_stage, 0);
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];
     upcoming[kStages - 1] = fetched;
@@ -315,7 +241,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
 
   float inv_sum[2];
   finish_rows(p, rows, batch, my_row, row_max, row_sum, scale_log2, inv_sum);
-  accumulator_to_smem<kHeadDim>(s_q, first_row, acc_o, inv_sum[0], inv_sum[1]);
+  accumulator_to_smem<kHeadDim, Cfg::kElement>(s_q, first_row, acc_o, inv_sum[0], inv_sum[1]);
   store_warp_rows<kHeadDim>(s_q, first_row, [&](int row) -> __nv_bfloat16* {
     const int q = rows.query(row);
     return q < q_len ? const_cast<__nv_bfloat16*>(row_pointer(p.o, batch, rows.head(row), q)) : nullptr;

@@ -13,9 +13,9 @@
 // as rows, a step's 64 query rows as columns):
 //   key_bits[kv_block][slot][key], slot < tiling::kBwdMaskBitSlots of the kv block's partial q
 //   list, block_m bits (2, 4 or 8 bytes): bit p = position p of the slot's q block sees the key;
-// the producer copies a partial step's 128 entries into shared memory with its Q, and a consumer
-// repeats a key's entry across the step's 64 columns (column c is position c % block_m: the
-// packed heads share the mask).
+// the producer copies a partial step's entries (a tile's 128 or 64 keys) into shared memory with
+// its Q, and a consumer repeats a key's entry across the step's 64 columns (column c is position
+// c % block_m: the packed heads share the mask).
 // A consumer thread holds two rows (r and r + 8 of its warp's 16) and, of each n8 chunk j of the
 // tile, columns 8 j + 2 (lane % 4) + {0, 1}. keep_bit(j, e) numbers its scores within one 64-bit
 // word: (M >> 2 (lane % 4)) & 0x0303... puts a row's two columns of chunk j at bits 8 j, 8 j + 1;
@@ -33,61 +33,14 @@ namespace harness::kernels::cuda::device {
 //! Bit of score (chunk j, element e: rows e / 2, column e % 2) in a thread's keep word.
 __host__ __device__ constexpr int keep_bit(int j, int e) { return 8 * (j & 7) + 4 * (j >> 3) + e; }
 
-//! One thread per (q block, slot, position, word) entry of the table; slots past the q block's
-//! partial count are not written (never read). Every mask family, documents included, through
-//! the same predicate as mask_scores.
-__global__ void build_fwd_mask_bits_kernel(const MaskParams mask, const BlockListParams blocks, uint64_t* __restrict__ bits) {
-  const int words = blocks.block_n / 64;
-  const int64_t per_slot = static_cast<int64_t>(blocks.block_m) * words;
-  const int64_t per_block = tiling::kMaskBitSlots * per_slot;
-  const int64_t total = per_block * blocks.num_q_blocks;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int q_block = static_cast<int>(i / per_block);
-    const int slot = static_cast<int>(i % per_block / per_slot);
-    if (slot >= __ldg(blocks.kv_num_blocks + q_block)) continue;
-    const int position = static_cast<int>(i % per_slot / words);
-    const int word = static_cast<int>(i % words);
-    const int kv0 = __ldg(blocks.kv_indices + static_cast<int64_t>(q_block) * blocks.num_kv_blocks + slot) * blocks.block_n + 64 * word;
-    const QueryMask row = query_mask(mask, q_block * blocks.block_m + position);
-    uint64_t keep = 0;
-    for (int c = 0; c < 64; ++c) {
-      if (visible(row, key_doc(mask, kv0 + c), kv0 + c)) keep |= uint64_t{1} << c;
-    }
-    bits[i] = keep;
-  }
-}
+//! The tables' kernels (mask_bits.cu): one thread per entry, every mask family, documents
+//! included, through the same predicate as mask_scores; slots past a block's partial count are not
+//! written (never read).
+__global__ void build_fwd_mask_bits_kernel(const MaskParams mask, const BlockListParams blocks, uint64_t* __restrict__ bits);
+__global__ void build_bwd_key_bits_kernel(const MaskParams mask, const BlockListParams blocks, unsigned char* __restrict__ bits);
 
-//! One thread per (kv block, slot, key) entry of the backward's table; slots past the kv block's
-//! partial count are not written (never read).
-__global__ void build_bwd_key_bits_kernel(const MaskParams mask, const BlockListParams blocks, unsigned char* __restrict__ bits) {
-  const int64_t per_block = tiling::kBwdMaskBitSlots * blocks.block_n;
-  const int64_t total = per_block * blocks.num_kv_blocks;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int kv_block = static_cast<int>(i / per_block);
-    const int slot = static_cast<int>(i % per_block / blocks.block_n);
-    if (slot >= __ldg(blocks.q_num_blocks + kv_block)) continue;
-    const int q_block = __ldg(blocks.q_indices + static_cast<int64_t>(kv_block) * blocks.num_q_blocks + slot);
-    const int kv = kv_block * blocks.block_n + static_cast<int>(i % blocks.block_n);
-    const int32_t doc = key_doc(mask, kv);
-    uint64_t sees = 0;  // bit p: position p of the q block (block_m is 16, 32 or 64)
-    for (int position = 0; position < blocks.block_m && position < 64; ++position) {
-      if (visible(query_mask(mask, q_block * blocks.block_m + position), doc, kv)) sees |= uint64_t{1} << position;
-    }
-    unsigned char* entry = bits + i * (blocks.block_m / 8);
-    if (blocks.block_m == 16) {
-      *reinterpret_cast<uint16_t*>(entry) = static_cast<uint16_t>(sees);
-    } else if (blocks.block_m == 32) {
-      *reinterpret_cast<uint32_t*>(entry) = static_cast<uint32_t>(sees);
-    } else {
-      *reinterpret_cast<uint64_t*>(entry) = sees;
-    }
-  }
-}
-
-//! Key `key`'s entry of a step's 128 (in shared memory, block_m / 8 bytes each) repeated over the
-//! step's 64 columns: bit c = position c % block_m. Reads the aligned 8 bytes that hold it.
+//! Key `key`'s entry of a step's 128 or 64 (in shared memory, block_m / 8 bytes each) repeated over
+//! the step's 64 columns: bit c = position c % block_m. Reads the aligned 8 bytes that hold it.
 __device__ __forceinline__ uint64_t key_columns(const unsigned char* entries, int key, int block_m) {
   const int byte = key * (block_m >> 3);
   uint64_t w = *reinterpret_cast<const uint64_t*>(entries + (byte & ~7)) >> ((byte & 7) * 8);

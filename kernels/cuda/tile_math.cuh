@@ -152,8 +152,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[kCols / 8][4], float (
 //! online_softmax_scores with a lazy rescale (FlashAttention-4's): a row's reference max moves
 //! only when the tile's max exceeds it by more than kLazyRescaleLog2 (a probability of 2^8), and
 //! then all of the warp's rows take their new maxima; otherwise the tile's probabilities are taken
-//! against the old max (each at most 2^8 = 256: no fp32 sum overflows, and bf16 keeps P's relative
-//! precision at any magnitude), corr is 1 and O needs no rescale. Returns whether O must be
+//! against the old max (each at most 2^8 = 256: no fp32 sum overflows, and bf16 or fp16 hold P at
+//! that magnitude with their usual relative precision), corr is 1 and O needs no rescale. Returns whether O must be
 //! rescaled by corr (the same in every lane of the warp, `__any_sync`), so that the caller can skip
 //! kHeadDim / 2 FMUL per thread and step once the maxima have settled. Exact: O, the sum and the
 //! LSE (finish_rows) all refer to the same max. No branch: the overlapped forwards call it between
@@ -230,10 +230,10 @@ __device__ __forceinline__ void probabilities_transposed(float (&st)[kCols / 8][
   }
 }
 
-//! Backward, transposed: dP^T -> dS^T = P^T (dP^T - delta) in place, with P^T as the bf16 A
-//! fragments it was rounded to (the dV product's operand; its error is below the bf16 rounding dS^T
-//! gets anyway) and each column's delta, stats[column].y.
-template <int kCols>
+//! Backward, transposed: dP^T -> dS^T = P^T (dP^T - delta) in place, with P^T as the A fragments
+//! it was rounded to (the dV product's operand; its error is below the rounding dS^T gets anyway)
+//! and each column's delta, stats[column].y.
+template <int kCols, ElementType kElement>
 __device__ __forceinline__ void score_gradients_transposed(float (&dpt)[kCols / 8][4], const uint32_t (&pt)[kCols / 16][4],
                                                            const float2* stats) {
 #pragma unroll
@@ -241,8 +241,8 @@ __device__ __forceinline__ void score_gradients_transposed(float (&dpt)[kCols / 
     const int col = tile_column(j, 0);
     const float d0 = stats[col].y, d1 = stats[col + 1].y;
     // C tile j is half (j % 2) of A fragment j / 2: its row g in register 2 (j % 2), row g + 8 next.
-    const float2 p_top = unpack_bf16(pt[j / 2][(j % 2) * 2]);
-    const float2 p_bottom = unpack_bf16(pt[j / 2][(j % 2) * 2 + 1]);
+    const float2 p_top = unpack2<kElement>(pt[j / 2][(j % 2) * 2]);
+    const float2 p_bottom = unpack2<kElement>(pt[j / 2][(j % 2) * 2 + 1]);
     dpt[j][0] = p_top.x * (dpt[j][0] - d0);
     dpt[j][1] = p_top.y * (dpt[j][1] - d1);
     dpt[j][2] = p_bottom.x * (dpt[j][2] - d0);
@@ -250,17 +250,17 @@ __device__ __forceinline__ void score_gradients_transposed(float (&dpt)[kCols / 
   }
 }
 
-//! The A fragments (bf16) of an m16 x k(16*kStepsK) operand held in fp32 m16n8 C-layout tiles:
-//! C tiles 2kk and 2kk+1 are exactly the A fragment of k step kk, so P and dS go from one MMA's
-//! output to the next MMA's input without leaving registers.
-template <int kStepsK>
+//! The A fragments (of the element type) of an m16 x k(16*kStepsK) operand held in fp32 m16n8
+//! C-layout tiles: C tiles 2kk and 2kk+1 are exactly the A fragment of k step kk, so P and dS go
+//! from one MMA's output to the next MMA's input without leaving registers.
+template <int kStepsK, ElementType kElement>
 __device__ __forceinline__ void to_a_fragments(uint32_t (&a)[kStepsK][4], const float (&c)[2 * kStepsK][4]) {
 #pragma unroll
   for (int kk = 0; kk < kStepsK; ++kk) {
-    a[kk][0] = pack_bf16(c[2 * kk][0], c[2 * kk][1]);
-    a[kk][1] = pack_bf16(c[2 * kk][2], c[2 * kk][3]);
-    a[kk][2] = pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]);
-    a[kk][3] = pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+    a[kk][0] = pack2<kElement>(c[2 * kk][0], c[2 * kk][1]);
+    a[kk][1] = pack2<kElement>(c[2 * kk][2], c[2 * kk][3]);
+    a[kk][2] = pack2<kElement>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    a[kk][3] = pack2<kElement>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
   }
 }
 

@@ -46,16 +46,13 @@ constexpr Tile fwd_tile(int64_t heads, int64_t kv_heads, FwdKernel kernel) {
   const FwdKernelTiling tiling = fwd_kernel_tiling(kernel);
   return packed_tile(heads, kv_heads, tiling.rows, tiling.block_n);
 }
-constexpr Tile bwd_dq_tile(int64_t heads, int64_t kv_heads) {
-  static_assert(BwdDqConfig<128>::kBlockM == BwdDqConfig<64>::kBlockM && BwdDqConfig<128>::kBlockN == BwdDqConfig<64>::kBlockN,
-                "one dQ tiling for both head dims");
-  return packed_tile(heads, kv_heads, BwdDqConfig<128>::kBlockM, BwdDqConfig<128>::kBlockN);
+//! The backward's tilings at a q·k head dim (real or padded): 128 dQ rows and 128-key dK/dV tiles
+//! up to 128, 64 and 64 above it, where the Hopper backward splits columns (attention_config.h).
+constexpr Tile bwd_dq_tile(int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  return packed_tile(heads, kv_heads, bwd_dq_rows(static_cast<int>(head_dim)), kBwdDqBlockN);
 }
-constexpr Tile bwd_dkdv_tile(int64_t heads, int64_t kv_heads) {
-  static_assert(BwdDkdvConfig<128>::kBlockM == BwdDkdvConfig<64>::kBlockM &&
-                    BwdDkdvConfig<128>::kBlockN == BwdDkdvConfig<64>::kBlockN,
-                "one dK/dV tiling for both head dims");
-  return packed_tile(heads, kv_heads, BwdDkdvConfig<128>::kBlockM, BwdDkdvConfig<128>::kBlockN);
+constexpr Tile bwd_dkdv_tile(int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  return packed_tile(heads, kv_heads, kBwdDkdvRows, bwd_dkdv_keys(static_cast<int>(head_dim)));
 }
 
 //! CTAs of a forward launch: q block x head pack x batch.
@@ -93,10 +90,10 @@ constexpr int64_t fwd_scratch_bytes(int64_t batch, int64_t heads, int64_t kv_hea
 //! Partial q blocks per kv block whose mask bits the backward's table holds (mask_bits.cuh):
 //! the first kBwdMaskBitSlots of a kv block's partial list; the rest are evaluated per score.
 constexpr int64_t kBwdMaskBitSlots = 16;
-//! The backward's key bit table: per dK/dV kv block, slot and key of the block, block_m bits (one
-//! per query position of the slot's q block: 2, 4 or 8 bytes).
-constexpr int64_t bwd_key_bits_bytes(int64_t dkdv_num_kv_blocks, int64_t block_m) {
-  return dkdv_num_kv_blocks * kBwdMaskBitSlots * BwdDkdvConfig<128>::kBlockN * (block_m / 8);
+//! The backward's key bit table: per dK/dV kv block, slot and key of the block (block_n keys),
+//! block_m bits (one per query position of the slot's q block: 2, 4 or 8 bytes).
+constexpr int64_t bwd_key_bits_bytes(int64_t dkdv_num_kv_blocks, int64_t block_m, int64_t block_n) {
+  return dkdv_num_kv_blocks * kBwdMaskBitSlots * block_n * (block_m / 8);
 }
 
 //! wgmma_atomic's dK/dV CTAs per kv block: a kv block's steps run over every head pack of its GQA
@@ -110,7 +107,7 @@ constexpr int64_t bwd_key_bits_bytes(int64_t dkdv_num_kv_blocks, int64_t block_m
 //! the split launch.
 constexpr int64_t kMinAtomicDkdvCtas = 512;
 constexpr int64_t bwd_atomic_dkdv_splits(int64_t batch, int64_t heads, int64_t kv_heads, int64_t dkdv_num_kv_blocks) {
-  const int64_t packs = (heads / kv_heads) / bwd_dkdv_tile(heads, kv_heads).heads_packed;
+  const int64_t packs = (heads / kv_heads) / packed_tile(heads, kv_heads, kBwdDkdvRows, 128).heads_packed;
   const int64_t ctas = dkdv_num_kv_blocks * kv_heads * batch;
   int64_t splits = 1;
   while (ctas > 0 && ctas * splits < kMinAtomicDkdvCtas && packs % (2 * splits) == 0) splits *= 2;
@@ -120,10 +117,9 @@ constexpr int64_t bwd_atomic_dkdv_splits(int64_t batch, int64_t heads, int64_t k
 //! Backward scratch, in order: per-(batch, head, padded q row) statistics, per padded q row mask
 //! rows, then the merged schedule (dK/dV CTAs first, then dQ CTAs), the key bit table and the row
 //! bit table (all three kept with the mask when the caller keeps schedules: `kept_bytes` from
-//! `schedule` on), then for
-//! wgmma_atomic its fp32 dQ accumulator [B, H, q_pad, D] and, when its dK/dV CTAs are split
-//! (bwd_atomic_dkdv_splits), the fp32 dK and dV accumulators [2][B, KVH, kv blocks * 128, D].
-//! Offsets are from the start.
+//! `schedule` on), then for wgmma_atomic (`atomic`) its fp32 dQ accumulator [B, H, q_pad, D] (D the
+//! head dim padded to 64) and, when its dK/dV CTAs are split (bwd_atomic_dkdv_splits), the fp32 dK
+//! and dV accumulators [2][B, KVH, kv blocks * 128, D]. Offsets are from the start.
 struct BwdScratch {
   int64_t row_stats = 0;  //!< offset of the float2 row statistics
   int64_t mask_rows = 0;  //!< offset of the QueryMaskRows
@@ -140,13 +136,15 @@ struct BwdScratch {
   int64_t dq_ctas = 0;
   int64_t dkdv_splits = 1;  //!< wgmma_atomic's CTAs per dK/dV CTA above (1 for the other kernels)
 };
-//! `dq_accum_head_dim`: the head dim when the kernel is wgmma_atomic (its accumulator), else 0.
-constexpr BwdScratch bwd_scratch(int64_t batch, int64_t heads, int64_t kv_heads, int64_t q_len, int64_t dq_num_q_blocks,
-                                 int64_t dkdv_num_kv_blocks, int64_t dq_accum_head_dim = 0) {
+//! `head_dim`: q·k's (real or padded; it sets the tilings and the accumulators' rows).
+constexpr BwdScratch bwd_scratch(int64_t batch, int64_t heads, int64_t kv_heads, int64_t q_len, int64_t head_dim,
+                                 int64_t dq_num_q_blocks, int64_t dkdv_num_kv_blocks, bool atomic) {
   const int64_t q_pad = padded_q_len(q_len);
+  const int64_t dq_accum_head_dim = atomic ? padded_head_dim(static_cast<int>(head_dim)) : 0;
+  const Tile dq_tile = bwd_dq_tile(heads, kv_heads, head_dim), dkdv_tile = bwd_dkdv_tile(heads, kv_heads, head_dim);
   BwdScratch layout;
   layout.dkdv_ctas = dkdv_num_kv_blocks * kv_heads * batch;
-  layout.dq_ctas = dq_num_q_blocks * (heads / bwd_dq_tile(heads, kv_heads).heads_packed) * batch;
+  layout.dq_ctas = dq_num_q_blocks * (heads / dq_tile.heads_packed) * batch;
   layout.row_stats = 0;
   layout.mask_rows = align_scratch(batch * heads * q_pad * kRowStatBytes);
   layout.schedule = layout.mask_rows + align_scratch(q_pad * kQueryMaskRowBytes);
@@ -155,14 +153,14 @@ constexpr BwdScratch bwd_scratch(int64_t batch, int64_t heads, int64_t kv_heads,
   // Room for the merged schedule and for the atomic kernel's split one, whichever is longer.
   const int64_t schedule_items = std::max(layout.dkdv_ctas + layout.dq_ctas, layout.dkdv_ctas * splits);
   layout.key_bits = layout.schedule + align_scratch(schedule_items * kWorkItemBytes);
-  layout.row_bits = layout.key_bits + align_scratch(bwd_key_bits_bytes(dkdv_num_kv_blocks, bwd_dkdv_tile(heads, kv_heads).block_m));
-  layout.dq_accum =
-      layout.row_bits + align_scratch(mask_bit_words(dq_num_q_blocks, bwd_dq_tile(heads, kv_heads).block_m, BwdDqConfig<128>::kBlockN) * 8);
+  layout.row_bits =
+      layout.key_bits + align_scratch(bwd_key_bits_bytes(dkdv_num_kv_blocks, dkdv_tile.block_m, dkdv_tile.block_n));
+  layout.dq_accum = layout.row_bits + align_scratch(mask_bit_words(dq_num_q_blocks, dq_tile.block_m, dq_tile.block_n) * 8);
   layout.kept_bytes = layout.dq_accum - layout.schedule;
   layout.dq_accum_bytes = batch * heads * q_pad * dq_accum_head_dim * 4;
   layout.dkdv_accum = layout.dq_accum + align_scratch(layout.dq_accum_bytes);
   layout.dkdv_accum_bytes =
-      layout.dkdv_splits > 1 ? 2 * batch * kv_heads * dkdv_num_kv_blocks * BwdDkdvConfig<128>::kBlockN * dq_accum_head_dim * 4 : 0;
+      layout.dkdv_splits > 1 ? 2 * batch * kv_heads * dkdv_num_kv_blocks * dkdv_tile.block_n * dq_accum_head_dim * 4 : 0;
   layout.bytes = layout.dkdv_accum + align_scratch(layout.dkdv_accum_bytes);
   return layout;
 }

@@ -1,42 +1,25 @@
-#pragma once
-// Longest-first schedule (device code only). Block-sparse CTAs differ widely in cost (dflash:
-// 1 to 33 kv blocks per q block), and the hardware starts CTAs in grid order, so a costly CTA
-// started last leaves most SMs idle at the end. One small CTA ranks the work items by their
-// block counts and writes the CTA -> item table the attention kernels read (greedy LPT order).
+// The CTA table's kernel (tile_scheduler.cuh describes the scheduling) and its launch.
 
-#include <cstdint>
+#include <cuda_runtime.h>
 
-#include "kernels/cuda/attention_params.h"
+#include "kernels/cuda/attention_config.h"
+#include "kernels/cuda/attention_launch.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/tile_scheduler.cuh"
 
-namespace harness::kernels::cuda::device {
-
-//! One class of work items: item i costs (num_a[i] + num_b[i]) * weight + overhead and runs as
-//! `copies` CTAs (head packs or kv heads, times batch).
-//! Shared memory of the ranking: one int per item, padded by 4 ints. ptxas hoists the loads of the
-//! ranking loop's 4-way unrolled remainder above its branches (compute-sanitizer memcheck saw a
-//! 12-byte read past 1 item); the values are never used, but the reads must stay in bounds.
-__host__ __device__ constexpr int schedule_smem_bytes(int items) { return (items + 4) * 4; }
-
-struct WorkClass {
-  int32_t count = 0;
-  const int32_t* num_a = nullptr;
-  const int32_t* num_b = nullptr;
-  int32_t weight = 1;
-  int32_t overhead = 0;
-  int32_t copies = 1;
-};
+namespace harness::kernels::cuda {
+namespace device {
 
 //! Items of `first` come before those of `second` in the item numbering (WorkItem::block).
 //! With `ranked` false (too many items for the O(n^2) ranking in shared memory) the order is
 //! the item numbering itself. One CTA; dynamic shared memory: schedule_smem_bytes(items) when
 //! ranked.
-//! `groups` > 1 (every class's copies a multiple of it, the group the outermost factor of a copy,
-//! as every kernel numbers them: batch, then head or kv head): the whole longest-first order of
-//! group 0, then of group 1, ...; each group's order still ends on its cheapest items. Groups of
-//! one batch (ScheduleOrder::batch): the CTAs running at once read one batch's K/V instead of all
-//! of them; dflash-512 at batch 2 ran 5% faster so (H200, kernels/cuda/README.md), likely the L2,
-//! which holds one batch's context K/V (32 MiB) but not two. Groups of one or a few kv heads within
-//! a batch (ScheduleOrder::kv_head, the `_kv_major` forwards): one kv head's K/V.
+//! `groups` > 1 (every class's copies a multiple of it, the group the outermost factor of a copy):
+//! the whole longest-first order of group 0, then of group 1, ...; each group's order still ends on
+//! its cheapest items. Groups of one batch (ScheduleOrder::batch): the CTAs running at once read
+//! one batch's K/V instead of all of them; dflash-512 at batch 2 ran 5% faster so (H200), likely
+//! the L2, which holds one batch's context K/V (32 MiB) but not two. Groups of one or a few kv
+//! heads within a batch (ScheduleOrder::kv_head, the `_kv_major` forwards): one kv head's K/V.
 __global__ void build_schedule_kernel(WorkClass first, WorkClass second, int groups, bool ranked,
                                       WorkItem* __restrict__ schedule) {
   extern __shared__ int32_t cost[];
@@ -78,4 +61,20 @@ __global__ void build_schedule_kernel(WorkClass first, WorkClass second, int gro
   }
 }
 
-}  // namespace harness::kernels::cuda::device
+}  // namespace device
+
+namespace launch {
+
+void launch_schedule(const device::WorkClass& first, const device::WorkClass& second, const AttentionShape& shape,
+                     ScheduleOrder order, ScheduleOrder requested, WorkItem* schedule, cudaStream_t stream) {
+  const int items = first.count + second.count;
+  const bool ranked = items <= ScheduleConfig::kMaxRankedItems;
+  const int smem = ranked ? device::schedule_smem_bytes(items) : 0;
+  const int groups =
+      scheduling::schedule_groups(requested != ScheduleOrder::kernel_default ? requested : order, shape, first, second);
+  device::build_schedule_kernel<<<1, ScheduleConfig::kThreads, smem, stream>>>(first, second, groups, ranked, schedule);
+  HARNESS_CUDA_LAUNCH_CHECK("build_schedule_kernel");
+}
+
+}  // namespace launch
+}  // namespace harness::kernels::cuda
