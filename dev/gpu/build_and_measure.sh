@@ -34,7 +34,7 @@ if want selftest; then
   # The kernels alone (nvcc only): every forward and backward kernel against an fp32 GPU reference
   # (and float64 on the CPU for small shapes), poisoned outputs, bitwise reproducibility, timings.
   step "kernel self-test (every kernel, real dims timed)"
-  timeout 300 "$build/kernels/cuda/harness_attention_selftest" --log "$out/selftest.log" >/dev/null 2>&1; echo "rc=$?"
+  timeout 300 "$build/bench/harness_attention_selftest" --log "$out/selftest.log" >/dev/null 2>&1; echo "rc=$?"
   grep -E '^\||PASSED|FAILED|ERROR' "$out/selftest.log"
 fi
 

@@ -7,9 +7,9 @@
 #   2. the [cuda] Catch2 cases of tests/test_attention_cuda.cpp (wgmma_atomic forced through the
 #      options against the dense reference at real and awkward dims; deterministic=true never runs
 #      it and refuses it when forced; bitwise reproducibility of the deterministic path);
-#   3. the self-test with --experimental --quick: the experimental forwards (kExperimentalFwdKernels),
-#      reported apart, not part of the exit status: a failure there means a kernel stays experimental.
-# Logs go to $OUT (or ./gpu_check_kernels.out). Exit status: 0 only when both pass.
+#   3. the self-test's real-dims cases at every head dim (--only REAL-D): head dims 64, 96, 192,
+#      256 and 192/128, bf16 and fp16.
+# Logs go to $OUT (or ./gpu_check_kernels.out). Exit status: 0 only when all three pass.
 # Expected: self-test "PASSED: 0 failed checks"; wgmma_atomic bwd ms below wgmma's on every REAL
 # case (kernels/cuda/README.md, "The backward"); Catch2 "All tests passed".
 set -uo pipefail
@@ -28,8 +28,8 @@ timeout 400 "$build_dir/tests/harness_torch_tests" "[cuda]" > "$out/catch_cuda.l
 catch_rc=$?
 tail -5 "$out/catch_cuda.log"
 echo "catch [cuda] rc=$catch_rc"
-timeout 200 "$selftest" --experimental --quick --log "$out/selftest_experimental.log" > /dev/null
-echo "experimental (wgmma_m128_n128_pingpong) rc=$? (124 = timed out)"
-grep -A2 "pingpong forward, experimental" "$out/selftest_experimental.log" | grep -c FAIL | sed 's/^/experimental FAIL lines: /'
-grep "pingpong" "$out/selftest_experimental.log" | grep "^|"
-[[ $selftest_rc -eq 0 && $catch_rc -eq 0 ]]
+timeout 400 "$selftest" --only REAL-D --log "$out/selftest_dims.log" > /dev/null
+dims_rc=$?
+tail -3 "$out/selftest_dims.log"
+echo "selftest head dims rc=$dims_rc"
+[[ $selftest_rc -eq 0 && $catch_rc -eq 0 && $dims_rc -eq 0 ]]

@@ -9,7 +9,7 @@ build=${BUILD_DIR:-$root/build}
 rm -rf "$root/.gpu/bin" "$root/.gpu/lib" && mkdir -p "$root/.gpu/bin" "$root/.gpu/lib"
 for b in harness/harness tests/harness_unit_tests tests/harness_torch_tests tests/harness_cli_tests \
          bench/harness_bench_attention bench/harness_mask_describe bench/harness_bench_prep_bandwidth python/libharness_ops.so \
-         kernels/cuda/harness_attention_selftest; do
+         bench/harness_attention_selftest; do
   [[ -f $build/$b ]] && strip -o "$root/.gpu/bin/$(basename "$b")" "$build/$b"
 done
 # The commit the binaries were built from (-dirty: tracked files differed), for the bench's header.

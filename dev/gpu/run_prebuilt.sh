@@ -5,7 +5,7 @@
 # recreated here as links (HARNESS_BUILT_ROOT: the source root the binaries were built in). Logs go to $OUT. STEPS picks what runs (default: all below but
 # bench and evidence):
 #   selftest  the kernels alone against fp32/float64 references, timed at the real dims
-#             (SELFTEST_ARGS, e.g. --experimental)
+#             (SELFTEST_ARGS, e.g. --only TEXT)
 #   tests     [cuda] Catch2 cases (torch and CLI)
 #   bwd       harness run bwd_fusion --device cuda:0, default (atomic) and deterministic backward
 #   python    pytest tests/python on CUDA, then bench/python_vs_cpp.py
@@ -47,7 +47,7 @@ mkdir -p "$build"/{harness,tests,bench,python,kernels/cuda}
 for t in harness_unit_tests harness_torch_tests harness_cli_tests; do [[ -f .gpu/bin/$t ]] && cp .gpu/bin/$t "$build/tests/"; done
 for t in harness_bench_attention harness_mask_describe harness_bench_prep_bandwidth; do [[ -f .gpu/bin/$t ]] && cp .gpu/bin/$t "$build/bench/"; done
 [[ -f .gpu/bin/libharness_ops.so ]] && cp .gpu/bin/libharness_ops.so "$build/python/"
-[[ -f .gpu/bin/harness_attention_selftest ]] && cp .gpu/bin/harness_attention_selftest "$build/kernels/cuda/"
+[[ -f .gpu/bin/harness_attention_selftest ]] && cp .gpu/bin/harness_attention_selftest "$build/bench/"
 torch_lib=$(python3 -c 'import torch,os;print(os.path.join(os.path.dirname(torch.__file__),"lib"))')
 export LD_LIBRARY_PATH=$root/.gpu/lib:$torch_lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export BUILD_DIR=$build OUT=$out
@@ -59,9 +59,9 @@ if [[ -d .whl/fa4-part1 ]]; then rm -rf /tmp/fa4-part1 && cp -r .whl/fa4-part1 /
 
 if want selftest; then
   step "kernel self-test"
-  # SELFTEST_ARGS: e.g. --experimental (also checks and times kExperimentalFwdKernels), --only TEXT.
+  # SELFTEST_ARGS: e.g. --small, --only TEXT.
   # shellcheck disable=SC2086
-  timeout 300 "$build/kernels/cuda/harness_attention_selftest" ${SELFTEST_ARGS:-} --log "$out/selftest.log" >/dev/null 2>&1; echo "rc=$?"
+  timeout 300 "$build/bench/harness_attention_selftest" ${SELFTEST_ARGS:-} --log "$out/selftest.log" >/dev/null 2>&1; echo "rc=$?"
   grep -E '^\||PASSED|FAILED|ERROR' "$out/selftest.log" | tail -40
 fi
 if want tests; then
