@@ -368,6 +368,7 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
   if (on_slurm) return run_on_slurm(args, runs, devices.front(), memory_limit_bytes, allow_faults, options);
 
   db::Store store(options.db_path);
+  store.settle_abandoned_runs();  // reading commands show a dead harness's runs abandoned; a writer marks them
   if (const char* pages = std::getenv("HARNESS_FAULT_DB_MAX_PAGES"); pages && allow_faults) {
     // Test-only: the fault suite's disk-full case where no small file system can be mounted.
     store.limit_pages(std::atoll(pages));

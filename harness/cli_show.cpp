@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include "analysis/memory_snapshot.h"
+#include "core/json_input.h"
+#include "db/artifact_paths.h"
 #include "db/store.h"
 #include "harness/cli.h"
 #include "core/printer.h"
@@ -18,15 +20,21 @@ namespace {
 // The artifacts of a run: what each is, whose, where, and how to open it.
 void print_artifacts(std::ostream& out, const db::RunDetail& detail, const std::string& db_path) {
   if (detail.artifacts.empty()) return;
-  namespace fs = std::filesystem;
-  const fs::path db_dir = fs::absolute(fs::path(db_path)).parent_path();
+  const db::ArtifactFolder folder(db_path);
   out << "\nartifacts\n";
   for (const auto& artifact : detail.artifacts) {
     std::string owner;
     for (const auto& t : detail.trials)
       if (artifact.trial_id && t.id == *artifact.trial_id)
         owner = fmt::format(" of {}{} (trial {}, {})", t.variant, t.point.empty() ? "" : " at " + t.point.dump(), t.id, t.status);
-    const std::string path = (db_dir / artifact.path).lexically_normal().string();
+    const db::ResolvedArtifact resolved = folder.resolve(artifact.path);
+    if (resolved.place == db::ResolvedArtifact::Place::outside) {
+      // A row edited by hand or from someone else's db: named, never opened.
+      out << fmt::format("  {}{}: {} (outside the db's artifact folder, not opened: {})\n", artifact.kind, owner,
+                         clip_text(artifact.path, 200), resolved.problem);
+      continue;
+    }
+    const std::string& path = resolved.file;
     out << fmt::format("  {}{}: {} ({})\n", artifact.kind, owner, path, format_bytes(static_cast<double>(artifact.bytes)));
     if (artifact.kind == "capsule" || artifact.kind == "outputs") {
       out << fmt::format("    safetensors: python -c \"from safetensors.torch import load_file; print(load_file('{}').keys())\"\n", path);
