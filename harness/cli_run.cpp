@@ -201,8 +201,9 @@ void check_slurm_args(const RunArgs& args) {
       {"--partition", args.request.partition}, {"--account", args.request.account}, {"--mem", args.request.mem},
       {"--slurm-dir", args.slurm_dir}};
   for (const auto& [option, value] : texts)
-    if (value.find_first_of("\"\n") != std::string::npos)
-      throw UsageError(fmt::format("{} '{}': no double quotes or newlines", option, value));
+    if (const auto problem = slurm::sbatch_value_problem(value))
+      throw UsageError(fmt::format("{} '{}': {}; it goes into the Slurm batch script", option, slurm::printable(value),
+                                   *problem));
   if (!args.request.time.empty() &&
       args.request.time.find_first_not_of("0123456789:-") != std::string::npos)
     throw UsageError(fmt::format("--time '{}': expected a Slurm time such as 30, 00:30:00 or 1-00:00:00", args.request.time));
@@ -212,6 +213,10 @@ void check_slurm_args(const RunArgs& args) {
 // without --no-wait the job is followed and its shards merged as its tasks end.
 int run_on_slurm(const RunArgs& args, std::vector<PlannedRun>& runs, const std::string& device,
                  int64_t memory_limit_bytes, bool allow_faults, const GlobalOptions& options) {
+  // The run folder, its logs and the db are named in the batch script (#SBATCH --output, comments).
+  if (const auto problem = slurm::sbatch_value_problem(options.db_path))
+    throw UsageError(fmt::format("--db '{}': {}; a Slurm run names the db in its batch script",
+                                 slurm::printable(options.db_path), *problem));
   std::vector<Job> jobs;
   for (size_t r = 0; r < runs.size(); ++r)
     for (size_t p = 0; p < runs[r].points.size(); ++p)
