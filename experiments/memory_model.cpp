@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <numeric>
 #include <set>
@@ -137,6 +138,13 @@ Dims dims_of(const spec::Spec& spec) {
   if (g.kv_heads <= 0 || g.heads % g.kv_heads != 0)
     throw std::invalid_argument("memory model: heads (" + std::to_string(g.heads) + ") must be a multiple of kv_heads (" +
                                 std::to_string(g.kv_heads) + ")");
+  // Within the spec's bounds every size below fits int64 and the trace grows with layers no
+  // further than kMaxLayers (a spec the solver moves past them is refused here, not overflowed).
+  if (const std::string problem = spec::dims_product_problem(g); !problem.empty())
+    throw std::invalid_argument("memory model: " + problem);
+  if (spec.layers < 1 || spec.layers > spec::kMaxLayers)
+    throw std::invalid_argument("memory model: " + std::to_string(spec.layers) + " layers; at most " +
+                                std::to_string(spec::kMaxLayers));
   return {g.batch, g.heads, g.kv_heads, g.head_dim, g.q_len(), g.kv_len(), g.context, g.heads / g.kv_heads,
           spec.dtype, element_bytes(spec.dtype), spec.layers};
 }
@@ -766,7 +774,7 @@ class CachingAllocatorModel {
   };
 
   //! Allocates `bytes` for handle `id`.
-  Result malloc(int id, int64_t bytes) {
+  Result malloc(int64_t id, int64_t bytes) {
     const int64_t size = round_size(bytes);
     const bool small = size <= kCudaSmallSize;
     int best = -1;
@@ -799,7 +807,7 @@ class CachingAllocatorModel {
     return {};
   }
 
-  void free(int id) {
+  void free(int64_t id) {
     for (int index : handles_[id]) {
       Block& b = blocks_[index];
       b.allocated = false;
@@ -807,10 +815,29 @@ class CachingAllocatorModel {
       merge(index);
     }
     handles_.erase(id);
+    if (dead_blocks() > 64 && dead_blocks() > blocks_.size() / 2) compact();
   }
 
   int64_t allocated() const { return allocated_; }
   int64_t reserved() const { return reserved_; }
+
+  //! The allocator's state in a comparable form: its live blocks (segment, offset, size, pool,
+  //! allocated) and which block each live tensor holds, the ids of one iteration's tensors
+  //! ([iteration_first, iteration_first + ids_per_iteration)) taken relative to the iteration.
+  std::string state(int64_t iteration_first, int64_t ids_per_iteration) {
+    compact();
+    std::string text = std::to_string(allocated_) + "/" + std::to_string(reserved_) + "/" + std::to_string(next_segment_) + ":";
+    for (const Block& b : blocks_)
+      text += std::to_string(b.segment) + "," + std::to_string(b.offset) + "," + std::to_string(b.size) + (b.small ? "s" : "l") +
+              (b.allocated ? "a;" : "f;");
+    for (const auto& [id, indices] : handles_) {
+      const bool of_iteration = id >= iteration_first && id < iteration_first + ids_per_iteration;
+      text += (of_iteration ? "i" + std::to_string(id - iteration_first) : std::to_string(id)) + "=";
+      for (int index : indices) text += std::to_string(index) + ",";
+      text += ";";
+    }
+    return text;
+  }
 
  private:
   struct Block {
@@ -834,9 +861,11 @@ class CachingAllocatorModel {
         b.offset = other.offset;
         b.size += other.size;
         other.live = false;
+        ++dead_;
       } else if (b.offset + b.size == other.offset) {
         b.size += other.size;
         other.live = false;
+        ++dead_;
       }
     }
   }
@@ -850,14 +879,34 @@ class CachingAllocatorModel {
       if (!b.live || in_use[b.segment]) continue;
       reserved_ -= b.size;
       b.live = false;
+      ++dead_;
     }
+  }
+
+  size_t dead_blocks() const { return dead_; }
+
+  //! Drops the blocks merged away or released (they only slowed every search) and renumbers the
+  //! handles' block indices.
+  void compact() {
+    std::vector<int> renumbered(blocks_.size(), -1);
+    std::vector<Block> live;
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      if (!blocks_[i].live) continue;
+      renumbered[i] = static_cast<int>(live.size());
+      live.push_back(blocks_[i]);
+    }
+    for (auto& [id, indices] : handles_)
+      for (int& index : indices) index = renumbered[static_cast<size_t>(index)];
+    blocks_ = std::move(live);
+    dead_ = 0;
   }
 
   int64_t limit_;
   int64_t allocated_ = 0, reserved_ = 0;
   int next_segment_ = 0;
   std::vector<Block> blocks_;
-  std::map<int, std::vector<int>> handles_;
+  size_t dead_ = 0;  // blocks no longer live
+  std::map<int64_t, std::vector<int>> handles_;
 };
 
 }  // namespace
@@ -929,38 +978,69 @@ std::optional<OomPrediction> predict_oom(const spec::Spec& spec, const std::stri
                                          int64_t limit_bytes, const ModelOptions& options) {
   check_device_kind(device_kind);
   const spec::Variant& v = find_variant(spec, variant);
-  const Trace trace = build_trace(spec, v.impl, device_kind, options, spec.warmup + spec.repeats);
+  // One step's events (the inputs, then one iteration), replayed once per warm-up and repeat: the
+  // iterations are the same code, so the trace of one stands for all (what grows with the count is
+  // the replay's time, not the parent's memory). Each iteration's tensors get ids of their own.
+  const Trace trace = build_trace(spec, v.impl, device_kind, options, 1);
+  const auto& events = trace.events();
+  size_t first_step_event = events.size();
+  for (size_t i = 0; i < events.size(); ++i)
+    if (events[i].type == Event::Type::phase && events[i].phase == "fwd") {
+      first_step_event = i;
+      break;
+    }
+  const int64_t ids_per_iteration = static_cast<int64_t>(trace.tensors().size());
   CachingAllocatorModel cuda(limit_bytes);
   int64_t cpu_in_use = 0;
   std::string phase = "inputs";
-  for (const Event& e : trace.events()) {
-    if (e.type == Event::Type::phase) {
-      phase = e.phase == "end" ? "bwd" : e.phase;
-      continue;
-    }
-    const Tensor& t = trace.tensors()[e.tensor];
-    if (e.type == Event::Type::free) {
-      if (device_kind == "cuda") cuda.free(e.tensor);
-      else cpu_in_use -= tensor_bytes(t, device_kind);
-      continue;
-    }
-    if (device_kind == "cpu") {
-      // The tracking allocator refuses an allocation that would take the bytes in use past the cap.
-      for (int64_t part : t.parts) {
-        if (limit_bytes > 0 && cpu_in_use + part > limit_bytes)
-          return OomPrediction{trace.kinds()[t.kind].name, std::max<int64_t>(0, t.layer), phase, e.iteration, part,
-                               cpu_in_use, cpu_in_use};
-        cpu_in_use += part;
+  // Replays events [begin, end) as iteration `iteration`; the OOM, if one happens.
+  const auto replay = [&](size_t begin, size_t end, int iteration) -> std::optional<OomPrediction> {
+    const int64_t id_offset = iteration * ids_per_iteration;
+    for (size_t i = begin; i < end; ++i) {
+      const Event& e = events[i];
+      if (e.type == Event::Type::phase) {
+        phase = e.phase == "end" ? "bwd" : e.phase;
+        continue;
       }
-      continue;
+      const Tensor& t = trace.tensors()[e.tensor];
+      const int64_t id = i < first_step_event ? e.tensor : e.tensor + id_offset;
+      if (e.type == Event::Type::free) {
+        if (device_kind == "cuda") cuda.free(id);
+        else cpu_in_use -= tensor_bytes(t, device_kind);
+        continue;
+      }
+      if (device_kind == "cpu") {
+        // The tracking allocator refuses an allocation that would take the bytes in use past the cap.
+        for (int64_t part : t.parts) {
+          if (limit_bytes > 0 && cpu_in_use + part > limit_bytes)
+            return OomPrediction{trace.kinds()[t.kind].name, std::max<int64_t>(0, t.layer), phase, iteration, part,
+                                 cpu_in_use, cpu_in_use};
+          cpu_in_use += part;
+        }
+        continue;
+      }
+      for (int64_t part : t.parts) {
+        const int64_t allocated_before = cuda.allocated(), reserved_before = cuda.reserved();
+        const auto result = cuda.malloc(id, part);
+        if (!result.ok)
+          return OomPrediction{trace.kinds()[t.kind].name, std::max<int64_t>(0, t.layer), phase, iteration, result.request,
+                               allocated_before, reserved_before};
+      }
     }
-    for (int64_t part : t.parts) {
-      const int64_t allocated_before = cuda.allocated(), reserved_before = cuda.reserved();
-      const auto result = cuda.malloc(e.tensor, part);
-      if (!result.ok)
-        return OomPrediction{trace.kinds()[t.kind].name, std::max<int64_t>(0, t.layer), phase, e.iteration, result.request,
-                             allocated_before, reserved_before};
-    }
+    return std::nullopt;
+  };
+  if (auto oom = replay(0, first_step_event, 0)) return oom;
+  // An iteration that ends in a state an earlier one ended in (the same bytes in use; on CUDA the
+  // same segments, blocks and live tensors) starts a cycle the rest of the iterations repeat
+  // exactly, and that cycle had no OOM: the replay ends there (after two iterations, in practice).
+  std::deque<std::string> recent_ends;
+  for (int iteration = 0; iteration < spec.warmup + spec.repeats; ++iteration) {
+    if (auto oom = replay(first_step_event, events.size(), iteration)) return oom;
+    std::string end_state = device_kind == "cuda" ? cuda.state(iteration * ids_per_iteration, ids_per_iteration)
+                                                   : std::to_string(cpu_in_use);
+    if (std::find(recent_ends.begin(), recent_ends.end(), end_state) != recent_ends.end()) break;
+    recent_ends.push_back(std::move(end_state));
+    if (recent_ends.size() > 8) recent_ends.pop_front();
   }
   return std::nullopt;
 }

@@ -315,25 +315,42 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
     spec_paths.push_back(*path);
   }
   const bool allow_faults = faults_allowed();
-  std::vector<spec::SpecIssue> issues;
-  std::vector<nlohmann::json> raws;
-  for (const std::string& path : spec_paths) {
-    raws.push_back(nlohmann::json::parse(read_file(path), nullptr, false));
+  // Each spec is read once (bounded: core/json_input.h) and validated as it will run: its profile
+  // (--profile, else the spec's cpu profile on the CPU), then --set, then everything checked. With
+  // --device auto the device is known only after the probe: a spec valid with or without its cpu
+  // profile goes on, and is validated again below once the probe has said which.
+  const auto load_options = [&](std::optional<bool> on_cpu) {
     spec::LoadOptions load;
     load.overrides = args.overrides;
     load.allow_faults = allow_faults;
-    if (!args.profile.empty()) {
-      if (raws.back().is_discarded() || !spec::has_profile(raws.back(), args.profile))
-        throw UsageError(fmt::format("--profile {}: {} defines no such profile", args.profile, path));
-      load.profile = args.profile;
-    }
+    load.profile = args.profile;
+    if (args.profile.empty() && !args.no_profile && on_cpu.value_or(false)) load.implicit_profile = "cpu";
+    return load;
+  };
+  const std::optional<bool> known_cpu =
+      devices.front() == "auto" ? std::nullopt : std::optional<bool>(devices.front() == "cpu");
+  std::vector<spec::SpecIssue> issues;
+  size_t issues_more = 0;
+  std::vector<std::string> texts;
+  for (const std::string& path : spec_paths) {
     try {
-      spec::load_spec_file(path, load);
+      texts.push_back(spec::read_spec_text(path));
+      try {
+        spec::load_spec_text(texts.back(), path, load_options(known_cpu));
+      } catch (const spec::SpecError& error) {
+        if (known_cpu) throw;
+        try {
+          spec::load_spec_text(texts.back(), path, load_options(true));  // valid on the CPU: the probe decides
+        } catch (const spec::SpecError&) {
+          throw error;
+        }
+      }
     } catch (const spec::SpecError& error) {
       issues.insert(issues.end(), error.issues().begin(), error.issues().end());
+      issues_more += error.more();
     }
   }
-  if (!issues.empty()) throw spec::SpecError(std::move(issues));
+  if (!issues.empty()) throw spec::SpecError(std::move(issues), issues_more);
 
   ScratchDir scratch;
   install_interrupt_handlers();
@@ -349,15 +366,9 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
   std::vector<PlannedRun> runs;
   std::optional<nlohmann::json> python_env;
   for (size_t i = 0; i < spec_paths.size(); ++i) {
-    spec::LoadOptions load;
-    load.overrides = args.overrides;
-    load.allow_faults = allow_faults;
-    load.profile = args.profile;
-    if (args.profile.empty() && !args.no_profile && on_cpu && !raws[i].is_discarded() && spec::has_profile(raws[i], "cpu"))
-      load.profile = "cpu";
     PlannedRun run;
     run.spec_path = spec_paths[i];
-    run.spec = spec::load_spec_file(spec_paths[i], load);
+    run.spec = spec::load_spec_text(texts[i], spec_paths[i], load_options(on_cpu));
     plan_points(run);
     if (run.spec.kind == "python" && !python_env && !on_slurm) {
       // An interpreter that cannot run fails each trial with the reason; the env says so too.
