@@ -5,11 +5,15 @@
 #include <cmath>
 #include <cstdio>
 #include <deque>
+#include <functional>
+#include <iterator>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include "core/byte_size.h"
 #include "kernels/cuda/tiling.h"
@@ -773,18 +777,14 @@ class CachingAllocatorModel {
     int64_t request = 0;  //!< segment size asked for when it failed
   };
 
-  //! Allocates `bytes` for handle `id`.
+  //! Allocates `bytes` for handle `id`: the best-fitting free block of its pool (the smallest,
+  //! ties broken by segment and offset), else a new segment, split when the rest is large enough.
   Result malloc(int64_t id, int64_t bytes) {
     const int64_t size = round_size(bytes);
     const bool small = size <= kCudaSmallSize;
     int best = -1;
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      const Block& b = blocks_[i];
-      if (!b.live || b.allocated || b.small != small || b.size < size) continue;
-      if (best < 0 || b.size < blocks_[best].size ||
-          (b.size == blocks_[best].size && std::make_pair(b.segment, b.offset) < std::make_pair(blocks_[best].segment, blocks_[best].offset)))
-        best = static_cast<int>(i);
-    }
+    const auto fit = free_.lower_bound({small, size, std::numeric_limits<int>::min(), std::numeric_limits<int64_t>::min(), -1});
+    if (fit != free_.end() && fit->small == small) best = fit->index;
     if (best < 0) {
       const int64_t segment_bytes = cuda_request_bytes(size);
       if (limit_ > 0 && reserved_ + segment_bytes > limit_) release_free_segments();
@@ -792,6 +792,9 @@ class CachingAllocatorModel {
       blocks_.push_back({next_segment_++, 0, segment_bytes, small, false, true});
       reserved_ += segment_bytes;
       best = static_cast<int>(blocks_.size() - 1);
+      segments_[blocks_[best].segment][0] = best;
+    } else {
+      free_.erase(fit);
     }
     const int64_t remaining = blocks_[best].size - size;
     if (small ? remaining >= kCudaMinBlock : remaining > kCudaSmallSize) {
@@ -800,6 +803,9 @@ class CachingAllocatorModel {
       rest.size = remaining;
       blocks_[best].size = size;
       blocks_.push_back(rest);
+      const int rest_index = static_cast<int>(blocks_.size() - 1);
+      segments_[rest.segment][rest.offset] = rest_index;
+      free_.insert(key(rest_index));
     }
     blocks_[best].allocated = true;
     allocated_ += blocks_[best].size;
@@ -813,6 +819,7 @@ class CachingAllocatorModel {
       b.allocated = false;
       allocated_ -= b.size;
       merge(index);
+      free_.insert(key(index));
     }
     handles_.erase(id);
     if (dead_blocks() > 64 && dead_blocks() > blocks_.size() / 2) compact();
@@ -822,20 +829,37 @@ class CachingAllocatorModel {
   int64_t reserved() const { return reserved_; }
 
   //! The allocator's state in a comparable form: its live blocks (segment, offset, size, pool,
-  //! allocated) and which block each live tensor holds, the ids of one iteration's tensors
-  //! ([iteration_first, iteration_first + ids_per_iteration)) taken relative to the iteration.
-  std::string state(int64_t iteration_first, int64_t ids_per_iteration) {
+  //! allocated) and which block each live tensor holds, each tensor named by `label` (which names
+  //! a step's tensors relative to the iteration, so that the same state in another iteration
+  //! compares equal).
+  //! Blocks are listed by (segment, offset) and handles name their blocks the same way, not by
+  //! their place in blocks_ (which depends on the order of earlier splits and merges): two equal
+  //! states compare equal however they were reached, and what the allocator does next depends on
+  //! nothing else (best fit breaks ties by segment and offset).
+  std::string state(const std::function<std::string(int64_t)>& label) {
     compact();
+    std::vector<size_t> order(blocks_.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    const auto place = [this](size_t i) { return std::make_pair(blocks_[i].segment, blocks_[i].offset); };
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return place(a) < place(b); });
     std::string text = std::to_string(allocated_) + "/" + std::to_string(reserved_) + "/" + std::to_string(next_segment_) + ":";
-    for (const Block& b : blocks_)
+    for (size_t i : order) {
+      const Block& b = blocks_[i];
       text += std::to_string(b.segment) + "," + std::to_string(b.offset) + "," + std::to_string(b.size) + (b.small ? "s" : "l") +
               (b.allocated ? "a;" : "f;");
-    for (const auto& [id, indices] : handles_) {
-      const bool of_iteration = id >= iteration_first && id < iteration_first + ids_per_iteration;
-      text += (of_iteration ? "i" + std::to_string(id - iteration_first) : std::to_string(id)) + "=";
-      for (int index : indices) text += std::to_string(index) + ",";
-      text += ";";
     }
+    // Sorted by label: the map's order of ids is not the same from one iteration to the next.
+    std::vector<std::string> handles;
+    for (const auto& [id, indices] : handles_) {
+      std::string handle = label(id) + "=";
+      for (int index : indices) {
+        const auto [segment, offset] = place(static_cast<size_t>(index));
+        handle += std::to_string(segment) + "@" + std::to_string(offset) + ",";
+      }
+      handles.push_back(std::move(handle));
+    }
+    std::sort(handles.begin(), handles.end());
+    for (const std::string& handle : handles) text += handle + ";";
     return text;
   }
 
@@ -851,42 +875,81 @@ class CachingAllocatorModel {
 
   static int64_t round_size(int64_t bytes) { return std::max(kCudaMinBlock, round_up(bytes, kCudaMinBlock)); }
 
-  //! Merges a freed block with free neighbours of its segment (the merged-away ones die).
+  //! A free block in best-fit order: its pool, then the smallest, then the first by segment and
+  //! offset (what a scan over every block chose).
+  struct FreeKey {
+    bool small;
+    int64_t size;
+    int segment;
+    int64_t offset;
+    int index;
+    bool operator<(const FreeKey& other) const {
+      return std::tie(small, size, segment, offset, index) <
+             std::tie(other.small, other.size, other.segment, other.offset, other.index);
+    }
+  };
+  FreeKey key(int index) const {
+    const Block& b = blocks_[static_cast<size_t>(index)];
+    return {b.small, b.size, b.segment, b.offset, index};
+  }
+
+  //! Merges a freed block (not yet in free_) with the free blocks before and after it in its
+  //! segment (the merged-away ones die).
   void merge(int index) {
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      Block& other = blocks_[i];
-      if (static_cast<int>(i) == index || !other.live || other.allocated || other.segment != blocks_[index].segment) continue;
+    auto& segment = segments_[blocks_[index].segment];
+    auto at = segment.find(blocks_[index].offset);
+    if (at != segment.begin()) {
+      const auto before = std::prev(at);
+      Block& other = blocks_[before->second];
       Block& b = blocks_[index];
-      if (other.offset + other.size == b.offset) {
+      if (!other.allocated && other.offset + other.size == b.offset) {
+        free_.erase(key(before->second));
         b.offset = other.offset;
         b.size += other.size;
         other.live = false;
         ++dead_;
-      } else if (b.offset + b.size == other.offset) {
+        segment.erase(at);
+        before->second = index;  // the merged block starts where the one before did
+        at = before;
+      }
+    }
+    const auto after = std::next(at);
+    if (after != segment.end()) {
+      Block& other = blocks_[after->second];
+      Block& b = blocks_[index];
+      if (!other.allocated && b.offset + b.size == other.offset) {
+        free_.erase(key(after->second));
         b.size += other.size;
         other.live = false;
         ++dead_;
+        segment.erase(after);
       }
     }
   }
 
   //! release_cached_blocks(): segments with nothing allocated in them go back to the device.
   void release_free_segments() {
-    std::map<int, bool> in_use;
-    for (const Block& b : blocks_)
-      if (b.live) in_use[b.segment] = in_use[b.segment] || b.allocated;
-    for (Block& b : blocks_) {
-      if (!b.live || in_use[b.segment]) continue;
-      reserved_ -= b.size;
-      b.live = false;
-      ++dead_;
+    for (auto segment = segments_.begin(); segment != segments_.end();) {
+      bool in_use = false;
+      for (const auto& [offset, index] : segment->second) in_use = in_use || blocks_[index].allocated;
+      if (in_use) {
+        ++segment;
+        continue;
+      }
+      for (const auto& [offset, index] : segment->second) {
+        free_.erase(key(index));
+        reserved_ -= blocks_[index].size;
+        blocks_[index].live = false;
+        ++dead_;
+      }
+      segment = segments_.erase(segment);
     }
   }
 
   size_t dead_blocks() const { return dead_; }
 
   //! Drops the blocks merged away or released (they only slowed every search) and renumbers the
-  //! handles' block indices.
+  //! handles' and indexes' block indices.
   void compact() {
     std::vector<int> renumbered(blocks_.size(), -1);
     std::vector<Block> live;
@@ -899,6 +962,13 @@ class CachingAllocatorModel {
       for (int& index : indices) index = renumbered[static_cast<size_t>(index)];
     blocks_ = std::move(live);
     dead_ = 0;
+    free_.clear();
+    segments_.clear();
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      const int index = static_cast<int>(i);
+      segments_[blocks_[i].segment][blocks_[i].offset] = index;
+      if (!blocks_[i].allocated) free_.insert(key(index));
+    }
   }
 
   int64_t limit_;
@@ -907,6 +977,8 @@ class CachingAllocatorModel {
   std::vector<Block> blocks_;
   size_t dead_ = 0;  // blocks no longer live
   std::map<int64_t, std::vector<int>> handles_;
+  std::set<FreeKey> free_;                          // the live blocks not allocated
+  std::map<int, std::map<int64_t, int>> segments_;  // each segment's live blocks by offset
 };
 
 }  // namespace
@@ -1033,11 +1105,20 @@ std::optional<OomPrediction> predict_oom(const spec::Spec& spec, const std::stri
   // An iteration that ends in a state an earlier one ended in (the same bytes in use; on CUDA the
   // same segments, blocks and live tensors) starts a cycle the rest of the iterations repeat
   // exactly, and that cycle had no OOM: the replay ends there (after two iterations, in practice).
+  // A tensor is named by what it is in the trace and, for a step's, by the iteration it belongs
+  // to relative to the one just ended ("7@-1": tensor 7 of the iteration before).
+  std::vector<bool> is_input(static_cast<size_t>(ids_per_iteration), false);
+  for (size_t i = 0; i < first_step_event; ++i)
+    if (events[i].type != Event::Type::phase) is_input[static_cast<size_t>(events[i].tensor)] = true;
   std::deque<std::string> recent_ends;
   for (int iteration = 0; iteration < spec.warmup + spec.repeats; ++iteration) {
     if (auto oom = replay(first_step_event, events.size(), iteration)) return oom;
-    std::string end_state = device_kind == "cuda" ? cuda.state(iteration * ids_per_iteration, ids_per_iteration)
-                                                   : std::to_string(cpu_in_use);
+    const auto label = [&](int64_t id) {
+      const int64_t tensor = id % ids_per_iteration;
+      if (id < ids_per_iteration && is_input[static_cast<size_t>(tensor)]) return "in" + std::to_string(tensor);
+      return std::to_string(tensor) + "@" + std::to_string(id / ids_per_iteration - iteration);
+    };
+    std::string end_state = device_kind == "cuda" ? cuda.state(label) : std::to_string(cpu_in_use);
     if (std::find(recent_ends.begin(), recent_ends.end(), end_state) != recent_ends.end()) break;
     recent_ends.push_back(std::move(end_state));
     if (recent_ends.size() > 8) recent_ends.pop_front();
