@@ -9,6 +9,8 @@
 
 #include "analysis/memory_snapshot.h"
 #include "analysis/series.h"
+#include "core/json_input.h"
+#include "db/artifact_paths.h"
 #include "experiments/sweep.h"
 
 namespace harness::analysis {
@@ -323,8 +325,7 @@ std::vector<StderrTail> run_stderr_tails(const db::RunDetail& detail) {
 }
 
 std::vector<ArtifactEntry> run_artifacts(const db::RunDetail& detail, const std::string& db_path) {
-  namespace fs = std::filesystem;
-  const fs::path db_dir = fs::absolute(fs::path(db_path)).parent_path();
+  const db::ArtifactFolder folder(db_path);
   std::vector<ArtifactEntry> entries;
   for (const auto& artifact : detail.artifacts) {
     ArtifactEntry entry;
@@ -333,7 +334,16 @@ std::vector<ArtifactEntry> run_artifacts(const db::RunDetail& detail, const std:
       if (artifact.trial_id && t.id == *artifact.trial_id)
         entry.owner = fmt::format(" of {}{} (trial {}, {})", t.variant, t.point.empty() ? "" : " at " + t.point.dump(), t.id,
                                   t.status);
-    entry.path = (db_dir / artifact.path).lexically_normal().string();
+    const db::ResolvedArtifact resolved = folder.resolve(artifact.path);
+    if (resolved.place == db::ResolvedArtifact::Place::outside) {
+      // A row edited by hand or from someone else's db: named, never opened.
+      entry.path = clip_text(artifact.path, 200);
+      entry.outside = true;
+      entry.summary = "(outside the db's artifact folder, not opened: " + resolved.problem + ")";
+      entries.push_back(std::move(entry));
+      continue;
+    }
+    entry.path = resolved.file;
     if (artifact.kind == "capsule" || artifact.kind == "outputs") {
       entry.open.push_back(fmt::format(
           "safetensors: python -c \"from safetensors.torch import load_file; print(load_file('{}').keys())\"", entry.path));

@@ -47,7 +47,8 @@ std::vector<StderrTail> run_stderr_tails(const db::RunDetail& detail);
 struct ArtifactEntry {
   db::Artifact artifact;
   std::string owner;                //!< " of dense (trial 7, oom)", or ""
-  std::string path;                 //!< the file: the db's folder joined with the stored path
+  std::string path;                 //!< the file (db/artifact_paths.h); when `outside`, the row's text
+  bool outside = false;             //!< the row points outside the db's artifact folders: never opened
   std::string summary;              //!< a snapshot's events, peak and OOM ("" for other kinds)
   std::vector<std::string> open;    //!< how to open it: "Perfetto: open it at https://ui.perfetto.dev ..."
 };

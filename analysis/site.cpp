@@ -477,7 +477,7 @@ std::string artifact_section(Site& s, const db::RunDetail& detail, const std::st
     const fs::path file(entry.path);
     std::string href;
     std::error_code error;
-    const bool exists = fs::is_regular_file(file, error);
+    const bool exists = !entry.outside && fs::is_regular_file(file, error);
     if (exists && s.options.copy_artifacts) {
       // Only files inside the db's folder are copied: the db is untrusted, and a row must not
       // pull an arbitrary file of this machine into a site that is published.

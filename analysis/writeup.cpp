@@ -19,7 +19,9 @@
 #include "analysis/svg_plot.h"
 #include "core/errors.h"
 #include "core/files.h"
+#include "core/json_input.h"
 #include "core/printer.h"
+#include "db/artifact_paths.h"
 #include "experiments/memory_model.h"
 #include "experiments/spec.h"
 #include "experiments/sweep.h"
@@ -732,7 +734,6 @@ void add_memory_model(Document& doc, const RunView& view) {
 // allocated and reserved bytes and the largest allocations at the OOM or the peak, each named with
 // the tensors the memory model predicts for that trial.
 void add_memory_snapshots(Document& doc, const RunView& view, const std::string& db_path) {
-  namespace fs = std::filesystem;
   const auto& detail = view.detail;
   std::vector<const db::Artifact*> snapshots;
   for (const auto& artifact : detail.artifacts)
@@ -742,7 +743,9 @@ void add_memory_snapshots(Document& doc, const RunView& view, const std::string&
   doc.paragraph("PyTorch's caching-allocator history of the step (open the file in PyTorch's memory_viz: "
                 "`python -m torch.cuda._memory_viz trace_plot FILE -o snapshot.html`). Bars name the tensors of that "
                 "size in the memory model's prediction for the trial.");
-  const fs::path db_dir = fs::absolute(fs::path(db_path)).parent_path();
+  // A row names its file inside the db's artifact folder; one edited to point elsewhere (a db
+  // from someone else) is named, never opened.
+  const db::ArtifactFolder folder(db_path);
   int index = 0;
   for (const auto* artifact : snapshots) {
     const db::Trial* trial = nullptr;
@@ -751,7 +754,13 @@ void add_memory_snapshots(Document& doc, const RunView& view, const std::string&
     const std::string whose = trial ? fmt::format("`{}`{} ({})", trial->variant,
                                                   trial->point.empty() ? "" : " at " + point_label(trial->point), trial->status)
                                     : "the run";
-    const std::string path = (db_dir / artifact->path).lexically_normal().string();
+    const db::ResolvedArtifact resolved = folder.resolve(artifact->path);
+    if (resolved.place == db::ResolvedArtifact::Place::outside) {
+      doc.paragraph(fmt::format("Snapshot of {}: `{}` is outside the db's artifact folder ({}); not read", whose,
+                                clip_text(artifact->path, 200), resolved.problem));
+      continue;
+    }
+    const std::string& path = resolved.file;
     SnapshotSummary summary;
     try {
       summary = read_snapshot(path);

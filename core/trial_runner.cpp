@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -123,7 +124,8 @@ ChildOutcome run_child(const ChildCommand& command, const std::function<void(con
     }
   };
 
-  const auto deadline = start + std::chrono::duration<double>(command.timeout_s);
+  // At most ~31 years: a timeout past what a clock's integer nanoseconds hold never wraps into the past.
+  const auto deadline = start + std::chrono::duration<double>(std::min(command.timeout_s, 1e9));
   bool pipe_open = true, stdout_open = command.separate_stdout, killed = false;
   std::chrono::steady_clock::time_point kill_at{};
   int status = 0;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <set>
 
+#include "db/artifact_paths.h"
 #include "db/migrations.h"
 #include "db/statement.h"
 #include "db/store.h"
@@ -71,6 +72,64 @@ bool has_shard_info(sqlite3* db, const std::string& path) {
   Statement table(db, path, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'shard_info'",
                   "inspect shard");
   return table.step();
+}
+
+// The schema objects of `schema` ("main" or "shard"): type, name and the SQL that made them.
+std::vector<std::string> schema_objects(sqlite3* db, const std::string& path, const std::string& schema) {
+  const std::string sql = "SELECT type || ' ' || name || ': ' || coalesce(sql, '') FROM " + schema +
+                          ".sqlite_master WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY type, name";
+  Statement select(db, path, sql.c_str(), "read the schema of " + schema);
+  std::vector<std::string> objects;
+  while (select.step()) objects.push_back(select.column_text(0));
+  return objects;
+}
+
+// Ids merged into the main db are shifted past its largest; ids of either side beyond this would
+// overflow the sum (SQLite would turn it into a float and refuse the row half way).
+constexpr int64_t kMaxMergedId = int64_t{1} << 53;
+
+// A shard is input from another host (or anyone who can write the run folder): before anything is
+// merged, every row of `shard_run` that the main db would keep must be what a harness task writes.
+// ShardRefused naming the first problem otherwise.
+void check_shard_rows(sqlite3* db, const std::string& main_path, const std::string& shard_path,
+                      const ShardRun& shard_run) {
+  const std::string operation = "check " + shard_path;
+  const auto refuse = [&](const std::string& what) {
+    throw ShardRefused(shard_path + ": " + what + "; nothing was merged");
+  };
+  const auto count = [&](const std::string& sql) {
+    Statement select(db, main_path, sql.c_str(), operation);
+    select.bind_int(1, shard_run.shard_run_id);
+    select.step();
+    return select.column_int(0);
+  };
+  if (count("SELECT count(*) FROM shard.trials WHERE run_id = ?1 AND (id < 1 OR id > " + std::to_string(kMaxMergedId) +
+            ")") > 0)
+    refuse("a trial id below 1 or above 2^53");
+  for (const std::string table : {"metrics", "artifacts"}) {
+    if (count("SELECT count(*) FROM shard." + table + " x WHERE x.run_id = ?1 AND x.trial_id IS NOT NULL AND NOT EXISTS "
+              "(SELECT 1 FROM shard.trials t WHERE t.id = x.trial_id AND t.run_id = ?1)") > 0)
+      refuse("rows of " + table + " name a trial the shard's run does not have");
+  }
+  if (count("SELECT count(*) FROM shard.trials WHERE run_id = ?1 AND NOT (json_valid(point) AND json_valid(dispatch) "
+            "AND json_valid(details))") > 0 ||
+      count("SELECT count(*) FROM shard.metrics WHERE run_id = ?1 AND NOT json_valid(point)") > 0 ||
+      count("SELECT count(*) FROM shard.envs WHERE ?1 IS NOT NULL AND NOT json_valid(json)") > 0)
+    refuse("a JSON column (trials.point, dispatch or details, metrics.point, envs.json) that is not JSON");
+  if (count("SELECT count(*) FROM shard.runs r WHERE r.id = ?1 AND r.env_id IS NOT NULL AND NOT EXISTS "
+            "(SELECT 1 FROM shard.envs e WHERE e.id = r.env_id)") > 0)
+    refuse("the shard's run names an env the shard does not have");
+  // Artifact rows name files the main db will read and may one day delete: they must lie in the
+  // main db's artifact folder, where the task wrote its capsules.
+  const ArtifactFolder folder(main_path);
+  Statement artifacts(db, main_path, "SELECT path FROM shard.artifacts WHERE run_id = ?1 ORDER BY id", operation);
+  artifacts.bind_int(1, shard_run.shard_run_id);
+  while (artifacts.step()) {
+    const std::string path = artifacts.column_text(0);
+    const ResolvedArtifact resolved = folder.resolve(path);
+    if (resolved.place == ResolvedArtifact::Place::outside)
+      refuse("an artifact row names '" + path + "', " + resolved.problem);
+  }
 }
 
 }  // namespace
@@ -174,6 +233,16 @@ std::vector<MergeResult> Store::merge_shard(const std::string& shard_path, const
     }
   }
   Attachment attachment(db_, path_, shard_path);
+  // Same version, same schema: a table made into a view, a changed column or an added trigger is
+  // not what a harness task writes, and would run inside the merge.
+  if (schema_objects(db_, path_, "shard") != schema_objects(db_, path_, "main"))
+    throw ShardRefused(shard_path + ": its schema is not this harness's (a table, index, view or trigger differs); "
+                       "nothing was merged");
+  for (const ShardRun& shard_run : shard_runs) check_shard_rows(db_, path_, shard_path, shard_run);
+  Statement largest(db_, path_, "SELECT coalesce(max(id), 0) FROM main.trials", "merge " + shard_path);
+  largest.step();
+  if (largest.column_int(0) > kMaxMergedId)
+    throw ShardRefused(path_ + ": trial ids past 2^53: shards can no longer be merged into it; nothing was merged");
   std::vector<MergeResult> results;
   for (const ShardRun& shard_run : shard_runs) {
     MergeResult result;

@@ -2,13 +2,16 @@
 
 #include <sqlite3.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <ctime>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -83,10 +86,12 @@ std::string file_uri(const std::string& path, const std::string& query) {
   return uri + "?" + query;
 }
 
-// Opens a db that cannot be written (a read-only folder or file system, a file without write
-// permission). mode=ro still needs the WAL index (-shm) beside the file; when that cannot be
-// created either, immutable=1 reads the file as it is, which is what a read-only folder holds:
-// no writer can be changing it.
+// Opens a db read-only, writing nothing into it or beside it (reading commands). mode=ro: SQLite's
+// read-only connection, which shares a WAL db's index (-shm) with its writers, creating the -wal
+// and -shm files when they are missing and the folder allows it; where it does not (a read-only
+// folder or file system), immutable=1 reads the file as it is, which is what such a folder holds:
+// no writer can be changing it. Only a db of this binary's schema is read: an older one is not
+// migrated here (a reader does not write), an empty or foreign one is refused.
 Connection open_read_only(const std::string& path) {
   std::string last_error;
   for (const char* query : {"mode=ro", "immutable=1"}) {
@@ -99,18 +104,26 @@ Connection open_read_only(const std::string& path) {
     }
     sqlite3_extended_result_codes(raw, 1);
     sqlite3_busy_timeout(raw, kBusyTimeoutMs);
+    int version = 0;
     try {
-      const int version = detail::read_schema_version(raw, path);
-      detail::check_not_newer(version, path);
-      if (version < current_schema_version())
-        throw DbError(path + ": schema version " + std::to_string(version) + " is older than this binary's " +
-                      std::to_string(current_schema_version()) +
-                      " and the db cannot be written here to migrate it; open it once where it is writable");
-      return db;
+      version = detail::read_schema_version(raw, path);
     } catch (const DbError& error) {
-      if (std::string(error.what()).find("older than this binary") != std::string::npos) throw;
       last_error = error.what();
+      continue;
     }
+    detail::check_not_newer(version, path);
+    if (version == 0) {
+      Statement tables(raw, path, "SELECT count(*) FROM sqlite_master", "inspect schema");
+      tables.step();
+      if (tables.column_int(0) == 0)
+        throw DbMissingError(path + ": an empty SQLite file, not a harness database (`harness run` makes one there)");
+      throw DbError(path + ": a SQLite database of another program (tables but no harness schema version)");
+    }
+    if (version < current_schema_version())
+      throw DbError(path + ": schema version " + std::to_string(version) + " is older than this binary's " +
+                    std::to_string(current_schema_version()) +
+                    "; reading commands do not write: `harness db migrate` upgrades it (where it can be written)");
+    return db;
   }
   throw DbError(path + ": cannot open read-only: " + last_error);
 }
@@ -226,23 +239,28 @@ void create_schema_at_version(const std::string& path, int version) {
 }
 
 Store::Store(const std::string& path, Access access, Journal journal) : path_(path) {
-  std::error_code error;
-  const bool exists = std::filesystem::exists(path_, error);
-  if (access == Access::read && !exists)
+  struct stat info {};
+  const bool exists = ::stat(path_.c_str(), &info) == 0;
+  if (access != Access::write && !exists)
     throw DbMissingError(path_ + ": no database there (check --db; `harness run` creates one)");
-  if (exists && std::filesystem::is_directory(path_, error))
+  if (exists && S_ISDIR(info.st_mode))
     throw DbError(path_ + ": is a folder, not a database file (--db names the file, e.g. " + path_ + "/harness.db)");
-  if (access == Access::read && !writable(path_)) {
+  // SQLite would put its journal beside a device (/dev/null-journal) and read a FIFO forever.
+  if (exists && !S_ISREG(info.st_mode))
+    throw DbMissingError(path_ + ": not a regular file (a device, FIFO or socket); --db names a database file");
+  if (access == Access::read) {
+    if (info.st_size == 0)
+      throw DbMissingError(path_ + ": an empty file, not a harness database (`harness run` makes one there)");
     db_ = open_read_only(path_).release();
     read_only_ = true;
     return;
   }
-  if (access == Access::write && exists && !writable(path_))
+  if (exists && !writable(path_))
     throw DbError(path_ + ": read-only here (the file or its folder cannot be written); reading commands work, "
                           "but this one writes: copy the db somewhere writable or use another --db",
                   SQLITE_READONLY);
   Connection db = open_connection(path_, access == Access::write, journal);
-  if (access == Access::write && exists) {
+  if (exists) {
     // A damaged db must not grow: what is appended to a malformed file may be lost with it.
     std::vector<std::string> rows;
     try {
@@ -657,15 +675,97 @@ std::vector<Run> Store::runs_elsewhere() const {
   return runs;
 }
 
-std::vector<std::string> Store::integrity_problems(bool quick) const {
-  std::vector<std::string> rows;
+namespace {
+
+// A b-tree of the schema: a table or an index, and its root page.
+struct Tree {
+  std::string type, name;
+  int64_t root_page = 0;
+};
+
+// The tables and indexes of the schema, as far as sqlite_master can still be read.
+std::vector<Tree> schema_trees(sqlite3* db, const std::string& path) {
+  std::vector<Tree> trees;
   try {
-    rows = pragma_rows(db_, path_, quick ? "PRAGMA quick_check(100)" : "PRAGMA integrity_check(100)");
-  } catch (const DbError& error) {
-    return {error.what()};  // damage bad enough that the check itself cannot run
+    Statement select(db, path, "SELECT type, name, rootpage FROM sqlite_master WHERE type IN ('table', 'index') AND rootpage > 0",
+                     "read the schema");
+    while (select.step()) trees.push_back({select.column_text(0), select.column_text(1), select.column_int(2)});
+  } catch (const DbError&) {
   }
-  if (rows.size() == 1 && rows.front() == "ok") return {};
-  return rows;
+  return trees;
+}
+
+// Which table or index each page belongs to: every root page, and what the dbstat virtual table
+// can still walk of each tree (a damaged tree may stop it half way; what it read counts).
+std::map<int64_t, std::string> page_owners(sqlite3* db, const std::string& path, const std::vector<Tree>& trees) {
+  std::map<int64_t, std::string> owners;
+  for (const Tree& tree : trees) {
+    const std::string owner = tree.type + " " + tree.name;
+    owners[tree.root_page] = owner;
+    try {
+      Statement pages(db, path, "SELECT pageno FROM dbstat WHERE name = ?1", "map pages");
+      pages.bind_text(1, tree.name);
+      while (pages.step()) owners[pages.column_int(0)] = owner;
+    } catch (const DbError&) {
+    }
+  }
+  return owners;
+}
+
+std::string quoted_identifier(const std::string& name) {
+  std::string quoted = "\"";
+  for (char c : name) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return quoted + "\"";
+}
+
+}  // namespace
+
+std::vector<std::string> Store::integrity_problems(bool quick) const {
+  constexpr size_t kMaxFindings = 100;
+  const char* check = quick ? "quick_check" : "integrity_check";
+  std::vector<std::string> findings;
+  std::string stopped;
+  try {
+    // SQLite may put several findings in one row, a line each, under "*** in database main ***".
+    for (const std::string& row : pragma_rows(db_, path_, quick ? "PRAGMA quick_check(100)" : "PRAGMA integrity_check(100)")) {
+      size_t start = 0;
+      while (start <= row.size()) {
+        const size_t end = std::min(row.find('\n', start), row.size());
+        const std::string line = row.substr(start, end - start);
+        if (!line.empty() && line != "ok" && line.rfind("*** in database", 0) != 0) findings.push_back(line);
+        start = end + 1;
+      }
+    }
+  } catch (const DbError& error) {
+    stopped = error.what();  // damage bad enough that the check itself stops (a damaged root page)
+  }
+  if (findings.empty() && stopped.empty()) return {};
+  const std::vector<Tree> trees = schema_trees(db_, path_);
+  if (!stopped.empty()) {
+    // Check each table on its own (with its indexes): the damaged ones say where the damage is.
+    findings.push_back(std::string(check) + " stopped: " + stopped);
+    for (const Tree& tree : trees) {
+      if (tree.type != "table") continue;
+      const std::string where = "table " + tree.name + " (root page " + std::to_string(tree.root_page) + ")";
+      try {
+        const std::string sql = std::string("PRAGMA ") + check + "(" + quoted_identifier(tree.name) + ")";
+        for (const std::string& row : pragma_rows(db_, path_, sql.c_str()))
+          if (row != "ok") findings.push_back(where + ": " + row);
+      } catch (const DbError& error) {
+        findings.push_back(where + ": cannot be read: " + error.what());
+      }
+    }
+  }
+  // Name the table or index of every page a finding mentions ("On tree page 21 cell 3: ...").
+  const std::map<int64_t, std::string> owners = page_owners(db_, path_, trees);
+  for (std::string& finding : findings) {
+    const size_t at = finding.find("page ");
+    if (at == std::string::npos || finding.find(" (root page") != std::string::npos) continue;
+    const int64_t page = std::atoll(finding.c_str() + at + 5);
+    if (const auto owner = owners.find(page); owner != owners.end()) finding += " [" + owner->second + "]";
+  }
+  if (findings.size() > kMaxFindings) findings.resize(kMaxFindings);
+  return findings;
 }
 
 std::vector<Artifact> Store::list_artifacts() const {

@@ -27,7 +27,8 @@ class DbError : public std::runtime_error {
   int sqlite_code_ = 0;
 };
 
-//! A read command was pointed at a db that does not exist (a mistyped --db): nothing is created.
+//! --db names no harness database to read: nothing there (a mistyped path), an empty file, or a
+//! device, FIFO or socket. Nothing is created or written.
 class DbMissingError : public DbError {
  public:
   using DbError::DbError;
@@ -35,8 +36,12 @@ class DbMissingError : public DbError {
 
 //! How a Store opens its file.
 enum class Access {
-  write,  //!< created when missing, migrated; refused when damaged (quick_check) so nothing is appended to it
-  read,   //!< must exist; opened read-only (without migrating) when the file or its folder cannot be written
+  write,   //!< created when missing, migrated; refused when damaged (quick_check) so nothing is appended to it
+  update,  //!< as write, but the db must exist (maintenance: db vacuum, prune, migrate)
+  read,    //!< must exist and be a harness db of this schema version; always opened read-only: no
+           //!< schema is written, nothing is migrated or marked, no journal is created (a WAL db's
+           //!< readers share SQLite's -wal and -shm files beside it, created when missing and the
+           //!< folder is writable; where it is not, the file is read as it is)
 };
 
 //! A shard that merge_shard or read_shard_runs refuses (not a valid shard, another schema version,
@@ -216,8 +221,10 @@ struct BisectProbe {
 //! Connection to one db file. Not shared between threads; open one per thread/process.
 class Store {
  public:
-  //! Opens the db at `path` as `access` says (write: creating it if needed; read: DbMissingError
-  //! when it does not exist) and migrates it, journaling as `journal` says. Throws DbError.
+  //! Opens the db at `path` as `access` says (write: creating it if needed, migrating it; update:
+  //! the same for an existing db; read: read-only) journaling as `journal` says. DbMissingError
+  //! when a db to read or update is not there, or is not a regular file, or is an empty one;
+  //! DbError otherwise.
   explicit Store(const std::string& path, Access access = Access::write, Journal journal = Journal::kWal);
   //! A writer with that journal (a Slurm task's shard: Journal::kRollback).
   Store(const std::string& path, Journal journal) : Store(path, Access::write, journal) {}
@@ -229,7 +236,7 @@ class Store {
   //! How long a write waits for another writer's lock before failing (default 10 s).
   void set_busy_timeout(int milliseconds);
   const std::string& path() const { return path_; }
-  //! Opened read-only (Access::read on a file or folder that cannot be written).
+  //! Opened read-only (Access::read).
   bool read_only() const { return read_only_; }
 
   //! Stores an env fingerprint; id = sha256 of its canonical JSON. Returns the id.
@@ -294,8 +301,10 @@ class Store {
   std::vector<int64_t> settle_abandoned_runs();
   //! Runs "running" on another host (their owner cannot be checked from here).
   std::vector<Run> runs_elsewhere() const;
-  //! SQLite's integrity_check (quick_check when `quick`): empty when the db is sound, else the
-  //! problems it lists (at most 100).
+  //! SQLite's integrity_check (quick_check when `quick`): empty when the db is sound, else its
+  //! findings, one a line (at most 100), each page it names followed by its table or index
+  //! ("On tree page 21 cell 3: ... [table trials]"); when the check itself stops (a damaged root
+  //! page), each table is checked on its own and the ones that cannot be read are named.
   std::vector<std::string> integrity_problems(bool quick = false) const;
   //! Every artifact row, oldest first.
   std::vector<Artifact> list_artifacts() const;

@@ -4,11 +4,16 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <deque>
+#include <functional>
+#include <iterator>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include "core/byte_size.h"
 #include "kernels/cuda/tiling.h"
@@ -137,6 +142,13 @@ Dims dims_of(const spec::Spec& spec) {
   if (g.kv_heads <= 0 || g.heads % g.kv_heads != 0)
     throw std::invalid_argument("memory model: heads (" + std::to_string(g.heads) + ") must be a multiple of kv_heads (" +
                                 std::to_string(g.kv_heads) + ")");
+  // Within the spec's bounds every size below fits int64 and the trace grows with layers no
+  // further than kMaxLayers (a spec the solver moves past them is refused here, not overflowed).
+  if (const std::string problem = spec::dims_product_problem(g); !problem.empty())
+    throw std::invalid_argument("memory model: " + problem);
+  if (spec.layers < 1 || spec.layers > spec::kMaxLayers)
+    throw std::invalid_argument("memory model: " + std::to_string(spec.layers) + " layers; at most " +
+                                std::to_string(spec::kMaxLayers));
   return {g.batch, g.heads, g.kv_heads, g.head_dim, g.q_len(), g.kv_len(), g.context, g.heads / g.kv_heads,
           spec.dtype, element_bytes(spec.dtype), spec.layers};
 }
@@ -774,18 +786,14 @@ class CachingAllocatorModel {
     int64_t request = 0;  //!< segment size asked for when it failed
   };
 
-  //! Allocates `bytes` for handle `id`.
-  Result malloc(int id, int64_t bytes) {
+  //! Allocates `bytes` for handle `id`: the best-fitting free block of its pool (the smallest,
+  //! ties broken by segment and offset), else a new segment, split when the rest is large enough.
+  Result malloc(int64_t id, int64_t bytes) {
     const int64_t size = round_size(bytes);
     const bool small = size <= kCudaSmallSize;
     int best = -1;
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      const Block& b = blocks_[i];
-      if (!b.live || b.allocated || b.small != small || b.size < size) continue;
-      if (best < 0 || b.size < blocks_[best].size ||
-          (b.size == blocks_[best].size && std::make_pair(b.segment, b.offset) < std::make_pair(blocks_[best].segment, blocks_[best].offset)))
-        best = static_cast<int>(i);
-    }
+    const auto fit = free_.lower_bound({small, size, std::numeric_limits<int>::min(), std::numeric_limits<int64_t>::min(), -1});
+    if (fit != free_.end() && fit->small == small) best = fit->index;
     if (best < 0) {
       const int64_t segment_bytes = cuda_request_bytes(size);
       if (limit_ > 0 && reserved_ + segment_bytes > limit_) release_free_segments();
@@ -793,6 +801,9 @@ class CachingAllocatorModel {
       blocks_.push_back({next_segment_++, 0, segment_bytes, small, false, true});
       reserved_ += segment_bytes;
       best = static_cast<int>(blocks_.size() - 1);
+      segments_[blocks_[best].segment][0] = best;
+    } else {
+      free_.erase(fit);
     }
     const int64_t remaining = blocks_[best].size - size;
     if (small ? remaining >= kCudaMinBlock : remaining > kCudaSmallSize) {
@@ -801,6 +812,9 @@ class CachingAllocatorModel {
       rest.size = remaining;
       blocks_[best].size = size;
       blocks_.push_back(rest);
+      const int rest_index = static_cast<int>(blocks_.size() - 1);
+      segments_[rest.segment][rest.offset] = rest_index;
+      free_.insert(key(rest_index));
     }
     blocks_[best].allocated = true;
     allocated_ += blocks_[best].size;
@@ -808,18 +822,55 @@ class CachingAllocatorModel {
     return {};
   }
 
-  void free(int id) {
+  void free(int64_t id) {
     for (int index : handles_[id]) {
       Block& b = blocks_[index];
       b.allocated = false;
       allocated_ -= b.size;
       merge(index);
+      free_.insert(key(index));
     }
     handles_.erase(id);
+    if (dead_blocks() > 64 && dead_blocks() > blocks_.size() / 2) compact();
   }
 
   int64_t allocated() const { return allocated_; }
   int64_t reserved() const { return reserved_; }
+
+  //! The allocator's state in a comparable form: its live blocks (segment, offset, size, pool,
+  //! allocated) and which block each live tensor holds, each tensor named by `label` (which names
+  //! a step's tensors relative to the iteration, so that the same state in another iteration
+  //! compares equal).
+  //! Blocks are listed by (segment, offset) and handles name their blocks the same way, not by
+  //! their place in blocks_ (which depends on the order of earlier splits and merges): two equal
+  //! states compare equal however they were reached, and what the allocator does next depends on
+  //! nothing else (best fit breaks ties by segment and offset).
+  std::string state(const std::function<std::string(int64_t)>& label) {
+    compact();
+    std::vector<size_t> order(blocks_.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    const auto place = [this](size_t i) { return std::make_pair(blocks_[i].segment, blocks_[i].offset); };
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return place(a) < place(b); });
+    std::string text = std::to_string(allocated_) + "/" + std::to_string(reserved_) + "/" + std::to_string(next_segment_) + ":";
+    for (size_t i : order) {
+      const Block& b = blocks_[i];
+      text += std::to_string(b.segment) + "," + std::to_string(b.offset) + "," + std::to_string(b.size) + (b.small ? "s" : "l") +
+              (b.allocated ? "a;" : "f;");
+    }
+    // Sorted by label: the map's order of ids is not the same from one iteration to the next.
+    std::vector<std::string> handles;
+    for (const auto& [id, indices] : handles_) {
+      std::string handle = label(id) + "=";
+      for (int index : indices) {
+        const auto [segment, offset] = place(static_cast<size_t>(index));
+        handle += std::to_string(segment) + "@" + std::to_string(offset) + ",";
+      }
+      handles.push_back(std::move(handle));
+    }
+    std::sort(handles.begin(), handles.end());
+    for (const std::string& handle : handles) text += handle + ";";
+    return text;
+  }
 
  private:
   struct Block {
@@ -833,32 +884,99 @@ class CachingAllocatorModel {
 
   static int64_t round_size(int64_t bytes) { return std::max(kCudaMinBlock, round_up(bytes, kCudaMinBlock)); }
 
-  //! Merges a freed block with free neighbours of its segment (the merged-away ones die).
+  //! A free block in best-fit order: its pool, then the smallest, then the first by segment and
+  //! offset (what a scan over every block chose).
+  struct FreeKey {
+    bool small;
+    int64_t size;
+    int segment;
+    int64_t offset;
+    int index;
+    bool operator<(const FreeKey& other) const {
+      return std::tie(small, size, segment, offset, index) <
+             std::tie(other.small, other.size, other.segment, other.offset, other.index);
+    }
+  };
+  FreeKey key(int index) const {
+    const Block& b = blocks_[static_cast<size_t>(index)];
+    return {b.small, b.size, b.segment, b.offset, index};
+  }
+
+  //! Merges a freed block (not yet in free_) with the free blocks before and after it in its
+  //! segment (the merged-away ones die).
   void merge(int index) {
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      Block& other = blocks_[i];
-      if (static_cast<int>(i) == index || !other.live || other.allocated || other.segment != blocks_[index].segment) continue;
+    auto& segment = segments_[blocks_[index].segment];
+    auto at = segment.find(blocks_[index].offset);
+    if (at != segment.begin()) {
+      const auto before = std::prev(at);
+      Block& other = blocks_[before->second];
       Block& b = blocks_[index];
-      if (other.offset + other.size == b.offset) {
+      if (!other.allocated && other.offset + other.size == b.offset) {
+        free_.erase(key(before->second));
         b.offset = other.offset;
         b.size += other.size;
         other.live = false;
-      } else if (b.offset + b.size == other.offset) {
+        ++dead_;
+        segment.erase(at);
+        before->second = index;  // the merged block starts where the one before did
+        at = before;
+      }
+    }
+    const auto after = std::next(at);
+    if (after != segment.end()) {
+      Block& other = blocks_[after->second];
+      Block& b = blocks_[index];
+      if (!other.allocated && b.offset + b.size == other.offset) {
+        free_.erase(key(after->second));
         b.size += other.size;
         other.live = false;
+        ++dead_;
+        segment.erase(after);
       }
     }
   }
 
   //! release_cached_blocks(): segments with nothing allocated in them go back to the device.
   void release_free_segments() {
-    std::map<int, bool> in_use;
-    for (const Block& b : blocks_)
-      if (b.live) in_use[b.segment] = in_use[b.segment] || b.allocated;
-    for (Block& b : blocks_) {
-      if (!b.live || in_use[b.segment]) continue;
-      reserved_ -= b.size;
-      b.live = false;
+    for (auto segment = segments_.begin(); segment != segments_.end();) {
+      bool in_use = false;
+      for (const auto& [offset, index] : segment->second) in_use = in_use || blocks_[index].allocated;
+      if (in_use) {
+        ++segment;
+        continue;
+      }
+      for (const auto& [offset, index] : segment->second) {
+        free_.erase(key(index));
+        reserved_ -= blocks_[index].size;
+        blocks_[index].live = false;
+        ++dead_;
+      }
+      segment = segments_.erase(segment);
+    }
+  }
+
+  size_t dead_blocks() const { return dead_; }
+
+  //! Drops the blocks merged away or released (they only slowed every search) and renumbers the
+  //! handles' and indexes' block indices.
+  void compact() {
+    std::vector<int> renumbered(blocks_.size(), -1);
+    std::vector<Block> live;
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      if (!blocks_[i].live) continue;
+      renumbered[i] = static_cast<int>(live.size());
+      live.push_back(blocks_[i]);
+    }
+    for (auto& [id, indices] : handles_)
+      for (int& index : indices) index = renumbered[static_cast<size_t>(index)];
+    blocks_ = std::move(live);
+    dead_ = 0;
+    free_.clear();
+    segments_.clear();
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      const int index = static_cast<int>(i);
+      segments_[blocks_[i].segment][blocks_[i].offset] = index;
+      if (!blocks_[i].allocated) free_.insert(key(index));
     }
   }
 
@@ -866,7 +984,10 @@ class CachingAllocatorModel {
   int64_t allocated_ = 0, reserved_ = 0;
   int next_segment_ = 0;
   std::vector<Block> blocks_;
-  std::map<int, std::vector<int>> handles_;
+  size_t dead_ = 0;  // blocks no longer live
+  std::map<int64_t, std::vector<int>> handles_;
+  std::set<FreeKey> free_;                          // the live blocks not allocated
+  std::map<int, std::map<int64_t, int>> segments_;  // each segment's live blocks by offset
 };
 
 }  // namespace
@@ -938,38 +1059,78 @@ std::optional<OomPrediction> predict_oom(const spec::Spec& spec, const std::stri
                                          int64_t limit_bytes, const ModelOptions& options) {
   check_device_kind(device_kind);
   const spec::Variant& v = find_variant(spec, variant);
-  const Trace trace = build_trace(spec, v.impl, device_kind, options, spec.warmup + spec.repeats);
+  // One step's events (the inputs, then one iteration), replayed once per warm-up and repeat: the
+  // iterations are the same code, so the trace of one stands for all (what grows with the count is
+  // the replay's time, not the parent's memory). Each iteration's tensors get ids of their own.
+  const Trace trace = build_trace(spec, v.impl, device_kind, options, 1);
+  const auto& events = trace.events();
+  size_t first_step_event = events.size();
+  for (size_t i = 0; i < events.size(); ++i)
+    if (events[i].type == Event::Type::phase && events[i].phase == "fwd") {
+      first_step_event = i;
+      break;
+    }
+  const int64_t ids_per_iteration = static_cast<int64_t>(trace.tensors().size());
   CachingAllocatorModel cuda(limit_bytes);
   int64_t cpu_in_use = 0;
   std::string phase = "inputs";
-  for (const Event& e : trace.events()) {
-    if (e.type == Event::Type::phase) {
-      phase = e.phase == "end" ? "bwd" : e.phase;
-      continue;
-    }
-    const Tensor& t = trace.tensors()[e.tensor];
-    if (e.type == Event::Type::free) {
-      if (device_kind == "cuda") cuda.free(e.tensor);
-      else cpu_in_use -= tensor_bytes(t, device_kind);
-      continue;
-    }
-    if (device_kind == "cpu") {
-      // The tracking allocator refuses an allocation that would take the bytes in use past the cap.
-      for (int64_t part : t.parts) {
-        if (limit_bytes > 0 && cpu_in_use + part > limit_bytes)
-          return OomPrediction{trace.kinds()[t.kind].name, std::max<int64_t>(0, t.layer), phase, e.iteration, part,
-                               cpu_in_use, cpu_in_use};
-        cpu_in_use += part;
+  // Replays events [begin, end) as iteration `iteration`; the OOM, if one happens.
+  const auto replay = [&](size_t begin, size_t end, int iteration) -> std::optional<OomPrediction> {
+    const int64_t id_offset = iteration * ids_per_iteration;
+    for (size_t i = begin; i < end; ++i) {
+      const Event& e = events[i];
+      if (e.type == Event::Type::phase) {
+        phase = e.phase == "end" ? "bwd" : e.phase;
+        continue;
       }
-      continue;
+      const Tensor& t = trace.tensors()[e.tensor];
+      const int64_t id = i < first_step_event ? e.tensor : e.tensor + id_offset;
+      if (e.type == Event::Type::free) {
+        if (device_kind == "cuda") cuda.free(id);
+        else cpu_in_use -= tensor_bytes(t, device_kind);
+        continue;
+      }
+      if (device_kind == "cpu") {
+        // The tracking allocator refuses an allocation that would take the bytes in use past the cap.
+        for (int64_t part : t.parts) {
+          if (limit_bytes > 0 && cpu_in_use + part > limit_bytes)
+            return OomPrediction{trace.kinds()[t.kind].name, std::max<int64_t>(0, t.layer), phase, iteration, part,
+                                 cpu_in_use, cpu_in_use};
+          cpu_in_use += part;
+        }
+        continue;
+      }
+      for (int64_t part : t.parts) {
+        const int64_t allocated_before = cuda.allocated(), reserved_before = cuda.reserved();
+        const auto result = cuda.malloc(id, part);
+        if (!result.ok)
+          return OomPrediction{trace.kinds()[t.kind].name, std::max<int64_t>(0, t.layer), phase, iteration, result.request,
+                               allocated_before, reserved_before};
+      }
     }
-    for (int64_t part : t.parts) {
-      const int64_t allocated_before = cuda.allocated(), reserved_before = cuda.reserved();
-      const auto result = cuda.malloc(e.tensor, part);
-      if (!result.ok)
-        return OomPrediction{trace.kinds()[t.kind].name, std::max<int64_t>(0, t.layer), phase, e.iteration, result.request,
-                             allocated_before, reserved_before};
-    }
+    return std::nullopt;
+  };
+  if (auto oom = replay(0, first_step_event, 0)) return oom;
+  // An iteration that ends in a state an earlier one ended in (the same bytes in use; on CUDA the
+  // same segments, blocks and live tensors) starts a cycle the rest of the iterations repeat
+  // exactly, and that cycle had no OOM: the replay ends there (after two iterations, in practice).
+  // A tensor is named by what it is in the trace and, for a step's, by the iteration it belongs
+  // to relative to the one just ended ("7@-1": tensor 7 of the iteration before).
+  std::vector<bool> is_input(static_cast<size_t>(ids_per_iteration), false);
+  for (size_t i = 0; i < first_step_event; ++i)
+    if (events[i].type != Event::Type::phase) is_input[static_cast<size_t>(events[i].tensor)] = true;
+  std::deque<std::string> recent_ends;
+  for (int iteration = 0; iteration < spec.warmup + spec.repeats; ++iteration) {
+    if (auto oom = replay(first_step_event, events.size(), iteration)) return oom;
+    const auto label = [&](int64_t id) {
+      const int64_t tensor = id % ids_per_iteration;
+      if (id < ids_per_iteration && is_input[static_cast<size_t>(tensor)]) return "in" + std::to_string(tensor);
+      return std::to_string(tensor) + "@" + std::to_string(id / ids_per_iteration - iteration);
+    };
+    std::string end_state = device_kind == "cuda" ? cuda.state(label) : std::to_string(cpu_in_use);
+    if (std::find(recent_ends.begin(), recent_ends.end(), end_state) != recent_ends.end()) break;
+    recent_ends.push_back(std::move(end_state));
+    if (recent_ends.size() > 8) recent_ends.pop_front();
   }
   return std::nullopt;
 }

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -141,12 +142,14 @@ const std::vector<std::string> kReservedVerdicts = {"INVALID", "INCONCLUSIVE"};
 constexpr std::array<kernels::MaskKind, 5> kMaskKinds = {kernels::MaskKind::dflash, kernels::MaskKind::causal,
                                                          kernels::MaskKind::document_causal,
                                                          kernels::MaskKind::sliding_window, kernels::MaskKind::full};
-// Sizes beyond 2^30 positions or heads are typos, and keeping them there keeps products such as
-// context + anchors * block_size far from int64 overflow.
+// Counts that are only counted (documents); the dims' own bounds are in spec.h.
 constexpr int64_t kMaxSize = int64_t{1} << 30;
 // A run's points are planned, validated and stored up front; the sweeps that settled the founding
 // case had 3 to 10 points. Far beyond that is a generated mistake (and quadratic to check).
 constexpr size_t kMaxSweepPoints = 4096;
+// Each point of a sweep is a whole resolved spec that is validated, planned, kept for the run and
+// handed to its trial: the points times the spec's size are bounded before any of that is done.
+constexpr size_t kMaxSweepBytes = size_t{32} << 20;
 // Experiment and variant names appear in commands, tables and file names.
 constexpr size_t kMaxNameLength = 100;
 
@@ -216,14 +219,34 @@ bool path_overlaps(const std::string& a, const std::string& b) {
 //! Collects issues while the validator walks the spec.
 class Checker {
  public:
-  Checker(std::string source, std::vector<Origin> origins, std::vector<SpecIssue> issues)
-      : source_(std::move(source)), origins_(std::move(origins)), issues_(std::move(issues)) {}
+  Checker(std::string source, std::vector<Origin> origins, std::vector<SpecIssue> issues, size_t more = 0)
+      : source_(std::move(source)), origins_(std::move(origins)), issues_(std::move(issues)), more_(more) {}
 
   void issue(const std::string& path, std::string message, const std::vector<std::string>& related = {}) {
-    issues_.push_back({source_for(path, related), path, std::move(message)});
+    add({source_for(path, related), path, std::move(message)});
   }
-  size_t count() const { return issues_.size(); }
+  //! Keeps the first kMaxIssuesKept problems (clipped), counts the rest.
+  void add(SpecIssue issue) {
+    if (issues_.size() < kMaxIssuesKept) {
+      issue.source = clip_text(issue.source, 300);
+      issue.path = clip_text(issue.path, 200);
+      issue.message = clip_text(issue.message, 500);
+      issues_.push_back(std::move(issue));
+    } else {
+      ++more_;
+    }
+  }
+  //! Keeps `issue` even past kMaxIssuesKept (one closing remark, such as where checking stopped).
+  void note(SpecIssue issue) {
+    issue.message = clip_text(issue.message, 500);
+    issues_.push_back(std::move(issue));
+  }
+  //! Counts problems found elsewhere and not kept there.
+  void count_more(size_t more) { more_ += more; }
+  //! Problems found so far, kept or counted.
+  size_t count() const { return issues_.size() + more_; }
   std::vector<SpecIssue>& issues() { return issues_; }
+  SpecError error() { return SpecError(std::move(issues_), more_); }
 
   //! The member, or nullptr when absent (reported when required).
   const OrderedJson* member(const OrderedJson& object, const std::string& path, const std::string& key, bool required) {
@@ -336,6 +359,7 @@ class Checker {
   std::string source_;
   std::vector<Origin> origins_;
   std::vector<SpecIssue> issues_;
+  size_t more_ = 0;
 };
 
 //! Reports fields the schema does not know, anywhere below `path`.
@@ -379,17 +403,18 @@ bool check_dims(const OrderedJson& doc, Checker& c, Spec& spec) {
   const std::string p = "dims";
   const std::string positive = "a positive integer";
   auto& g = spec.dims;
-  g.batch = c.integer(*dims, p, "batch", false, 1, positive, kMaxSize).value_or(1);
-  const auto heads = c.integer(*dims, p, "heads", true, 1, positive, kMaxSize);
-  const auto kv_heads = c.integer(*dims, p, "kv_heads", true, 1, positive, kMaxSize);
-  const auto head_dim = c.integer(*dims, p, "head_dim", true, 1, positive, kMaxSize);
-  const auto anchors = c.integer(*dims, p, "anchors", true, 1, positive, kMaxSize);
-  g.block_size = c.integer(*dims, p, "block_size", false, 1, positive, kMaxSize).value_or(16);
-  const auto context = c.integer(*dims, p, "context", true, 0, "a non-negative integer", kMaxSize);
+  g.batch = c.integer(*dims, p, "batch", false, 1, positive, kMaxBatch).value_or(1);
+  const auto heads = c.integer(*dims, p, "heads", true, 1, positive, kMaxHeads);
+  const auto kv_heads = c.integer(*dims, p, "kv_heads", true, 1, positive, kMaxHeads);
+  const auto head_dim = c.integer(*dims, p, "head_dim", true, 1, positive, kMaxHeadDim);
+  const auto anchors = c.integer(*dims, p, "anchors", true, 1, positive, kMaxPositions);
+  const auto block_size = c.integer(*dims, p, "block_size", false, 1, positive, kMaxBlockSize);
+  g.block_size = block_size.value_or(16);
+  const auto context = c.integer(*dims, p, "context", true, 0, "a non-negative integer", kMaxPositions);
   spec.dtype = c.choice(*dims, p, "dtype", false, "dtype", join(kDtypes), [](const std::string& s) {
                   return contains(kDtypes, s);
                 }).value_or("bf16");
-  spec.layers = c.integer(*dims, p, "layers", false, 1, positive, kMaxSize).value_or(1);
+  spec.layers = c.integer(*dims, p, "layers", false, 1, positive, kMaxLayers).value_or(1);
   if (heads) g.heads = *heads;
   if (kv_heads) g.kv_heads = *kv_heads;
   if (anchors) g.anchors = *anchors;
@@ -406,6 +431,10 @@ bool check_dims(const OrderedJson& doc, Checker& c, Spec& spec) {
                 ") so that each KV head serves the same number of query heads",
             {"dims.kv_heads"});
   }
+  if (c.count() != before || !heads || !anchors || !context) return false;
+  if (const std::string problem = dims_product_problem(g); !problem.empty())
+    c.issue(g.q_len() > kMaxPositions ? "dims.anchors" : "dims", problem,
+            {"dims.batch", "dims.heads", "dims.anchors", "dims.block_size", "dims.context", "dims.head_dim"});
   return c.count() == before;
 }
 
@@ -431,7 +460,8 @@ void check_mask(const OrderedJson& doc, Checker& c, Spec& spec, bool dims_ok) {
                                  [](const std::string& s) { return kernels::parse_in_block(s).has_value(); });
   if (in_block) m.in_block = *kernels::parse_in_block(*in_block);
 
-  const auto window = c.integer(*mask, p, "window", false, 1, "a positive integer (positions, the query included)");
+  const auto window = c.integer(*mask, p, "window", false, 1, "a positive integer (positions, the query included)",
+                                2 * kMaxPositions);
   if (type && m.kind == kernels::MaskKind::sliding_window) {
     if (!mask->contains("window"))
       c.issue("mask.window", "required field is missing: sliding_window needs a window of at least 1", {"mask.type"});
@@ -740,13 +770,13 @@ void check_profiles(const OrderedJson& doc, const std::string& skip, Checker& ch
 }
 
 Spec validate_point(const OrderedJson& doc, const std::string& source, std::vector<Origin> origins, bool allow_faults,
-                    std::vector<SpecIssue> earlier_issues) {
-  Checker c(source, std::move(origins), std::move(earlier_issues));
+                    std::vector<SpecIssue> earlier_issues, size_t earlier_more = 0) {
+  Checker c(source, std::move(origins), std::move(earlier_issues), earlier_more);
   Spec spec;
   spec.source = source;
   if (!doc.is_object()) {
     c.issue("", "expected a JSON object at the top level, got " + describe(doc));
-    throw SpecError(std::move(c.issues()));
+    throw c.error();
   }
   OrderedJson without_profiles = doc;
   without_profiles.erase("profiles");
@@ -824,7 +854,7 @@ Spec validate_point(const OrderedJson& doc, const std::string& source, std::vect
   }
   if (const OrderedJson* block_mask = attention ? c.object(doc, "", "block_mask", false) : nullptr) {
     spec.mask_block = c.integer(*block_mask, "block_mask", "block_size", false, 16,
-                                "a positive multiple of 16 (the kernels' tile granularity)", kMaxSize)
+                                "a positive multiple of 16 (the kernels' tile granularity)", kMaxMaskBlock)
                           .value_or(128);
     if (spec.mask_block % 16 != 0) {
       c.issue("block_mask.block_size", "expected a positive multiple of 16 (the kernels' tile granularity), got " +
@@ -838,6 +868,11 @@ Spec validate_point(const OrderedJson& doc, const std::string& source, std::vect
   spec.repeats = static_cast<int>(c.integer(doc, "", "repeats", false, 1, "a positive integer", 1000000).value_or(3));
   spec.warmup = static_cast<int>(c.integer(doc, "", "warmup", false, 0, "a non-negative integer", 1000000).value_or(1));
   spec.timeout_s = c.number(doc, "", "timeout_s", 0.0, false, "a positive number of seconds").value_or(600.0);
+  if (spec.timeout_s > kMaxTimeoutS) {
+    c.issue("timeout_s", "expected at most " + std::to_string(static_cast<int64_t>(kMaxTimeoutS)) +
+                             " seconds (7 days) for one trial, got " + describe(doc["timeout_s"]));
+    spec.timeout_s = 600.0;
+  }
   if (const auto seed = c.seed(doc, "", "seed")) spec.seed = *seed;
   if (const OrderedJson* check = attention ? c.object(doc, "", "check", false) : nullptr) {
     spec.check = c.boolean(*check, "check", "enabled").value_or(true);
@@ -866,7 +901,7 @@ Spec validate_point(const OrderedJson& doc, const std::string& source, std::vect
       c.issue("profile", "expected the name of the applied profile (a string), got " + describe(*profile));
     }
   }
-  if (c.count() > 0) throw SpecError(std::move(c.issues()));
+  if (c.count() > 0) throw c.error();
 
   OrderedJson resolved = doc;
   resolved.erase("profiles");
@@ -922,10 +957,10 @@ bool is_array_field(const std::string& path) {
 //! The whole spec: the sweep's axes checked, then every point validated as its own spec; the
 //! returned spec is the first point's, with the sweep and the unswept resolved JSON.
 Spec validate(const OrderedJson& doc, const std::string& source, std::vector<Origin> origins, bool allow_faults,
-              std::vector<SpecIssue> earlier_issues) {
+              std::vector<SpecIssue> earlier_issues, size_t earlier_more = 0) {
   if (!doc.is_object() || !doc.contains("sweep"))
-    return validate_point(doc, source, std::move(origins), allow_faults, std::move(earlier_issues));
-  Checker c(source, origins, std::move(earlier_issues));
+    return validate_point(doc, source, std::move(origins), allow_faults, std::move(earlier_issues), earlier_more);
+  Checker c(source, origins, std::move(earlier_issues), earlier_more);
   const OrderedJson& sweep = doc["sweep"];
   std::vector<SweepAxis> axes;
   if (!sweep.is_object() || sweep.empty()) {
@@ -973,13 +1008,27 @@ Spec validate(const OrderedJson& doc, const std::string& source, std::vector<Ori
   if (point_count > kMaxSweepPoints)
     c.issue("sweep", "the axes cross into more than " + std::to_string(kMaxSweepPoints) +
                          " points; a run sweeps at most that many (split it into several runs)");
-  if (c.count() > 0) throw SpecError(std::move(c.issues()));
+  if (c.count() > 0) throw c.error();
+  // Every point below is a copy of the whole spec, validated, planned and kept: bounded first.
+  if (const size_t bytes = doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).size();
+      point_count > 1 && bytes > kMaxSweepBytes / point_count) {
+    c.issue("sweep", "a spec of " + std::to_string(bytes) + " bytes swept over " + std::to_string(point_count) +
+                         " points makes " + std::to_string(bytes * point_count) + " bytes of resolved specs; at most " +
+                         std::to_string(kMaxSweepBytes) + " (fewer points, or a smaller spec)");
+    throw c.error();
+  }
 
   // Every point is validated; a problem shared by several points is reported once, at the first.
+  // Past kMaxIssuesKept problems the later points are not validated (their problems would only be
+  // counted, and remembering which were seen would grow with every point).
   const std::vector<nlohmann::json> points = cross_points(axes);
   std::optional<Spec> first;
-  std::vector<std::pair<std::string, std::string>> seen;
+  std::set<std::pair<std::string, std::string>> seen;
   for (size_t index = 0; index < points.size(); ++index) {
+    if (c.issues().size() >= kMaxIssuesKept) {
+      c.note({source, "sweep", "the points from " + point_label(points[index]) + " on were not validated (too many problems)"});
+      break;
+    }
     OrderedJson at_point = doc;
     at_point.erase("sweep");
     at_point.erase("sweep_order");
@@ -1017,17 +1066,16 @@ Spec validate(const OrderedJson& doc, const std::string& source, std::vector<Ori
             }
           }
         }
-        const auto key = std::make_pair(issue.path, issue.message);
-        if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
-        seen.push_back(key);
+        if (!seen.insert({issue.path, issue.message}).second) continue;
         // A problem of the first point that is not about a swept field is the spec's own.
         if (points.size() > 1 && (on_axis || index > 0))
           issue.message = "at " + point_label(points[index]) + ": " + issue.message;
-        c.issues().push_back(std::move(issue));
+        c.add(std::move(issue));
       }
+      c.count_more(error.more());
     }
   }
-  if (c.count() > 0) throw SpecError(std::move(c.issues()));
+  if (c.count() > 0) throw c.error();
   Spec spec = std::move(*first);
   spec.sweep = std::move(axes);
   nlohmann::json resolved = spec.resolved;
@@ -1208,6 +1256,24 @@ OrderedJson to_ordered(const nlohmann::json& json) { return OrderedJson::parse(j
 
 }  // namespace
 
+std::string dims_product_problem(const kernels::AttentionGeometry& g) {
+  // Each factor is within its own bound (at most 2^25), so no product below overflows.
+  if (g.batch < 1 || g.heads < 1 || g.head_dim < 1 || g.anchors < 1 || g.block_size < 1 || g.context < 0 ||
+      g.batch > kMaxBatch || g.heads > kMaxHeads || g.head_dim > kMaxHeadDim || g.anchors > kMaxPositions ||
+      g.block_size > kMaxBlockSize || g.context > kMaxPositions)
+    return "a dim outside its bounds (experiments/README.md, \"Bounds\")";
+  const int64_t q_len = g.q_len(), kv_len = g.kv_len();
+  if (q_len > kMaxPositions)
+    return "anchors × block_size = " + std::to_string(q_len) + " query positions; at most " + std::to_string(kMaxPositions);
+  if (g.batch * g.heads * q_len > kMaxScorePairs / kv_len)
+    return "batch × heads × Q_LEN × KV_LEN = " + std::to_string(g.batch) + " × " + std::to_string(g.heads) + " × " +
+           std::to_string(q_len) + " × " + std::to_string(kv_len) +
+           " query-key pairs in one layer; at most 2^46 (its fp32 scores alone would pass 256 TiB)";
+  if (g.batch * g.heads * (q_len + kv_len) > kMaxTensorElements / g.head_dim)
+    return "batch × heads × (Q_LEN + KV_LEN) × head_dim passes 2^40 elements in one layer's q, k, v and output";
+  return "";
+}
+
 std::string SpecIssue::to_string() const {
   std::string out = source + ": ";
   if (!path.empty()) out += path + ": ";
@@ -1215,11 +1281,12 @@ std::string SpecIssue::to_string() const {
 }
 
 namespace {
-std::string describe_issues(const std::vector<SpecIssue>& issues) {
+std::string describe_issues(const std::vector<SpecIssue>& issues, size_t more) {
   std::string out;
   const size_t shown = std::min(issues.size(), kMaxIssuesShown);
   for (size_t i = 0; i < shown; ++i) out += (i ? "\n" : "") + issues[i].to_string();
-  if (shown < issues.size()) out += "\n... and " + std::to_string(issues.size() - shown) + " more problems";
+  if (shown < issues.size() + more)
+    out += "\n... and " + std::to_string(issues.size() + more - shown) + " more problems";
   return out;
 }}  // namespace
 
@@ -1239,11 +1306,16 @@ std::vector<SpecIssue> clipped(std::vector<SpecIssue> issues) {
 }
 }  // namespace
 
-SpecError::SpecError(std::vector<SpecIssue> issues)
-    : SpecError(clipped(std::move(issues)), 0) {}
+SpecError::SpecError(std::vector<SpecIssue> issues, size_t more)
+    : SpecError(Clipped{}, clipped(std::move(issues)), more) {}
 
-SpecError::SpecError(std::vector<SpecIssue> issues, int)
-    : std::runtime_error(describe_issues(issues)), issues_(std::move(issues)) {}
+SpecError::SpecError(Clipped, std::vector<SpecIssue> issues, size_t more)
+    : std::runtime_error(describe_issues(issues, more)), issues_(std::move(issues)), more_(more) {
+  if (issues_.size() > kMaxIssuesKept + 1) {  // the one closing remark a checker may add
+    more_ += issues_.size() - kMaxIssuesKept;
+    issues_.resize(kMaxIssuesKept);
+  }
+}
 
 bool has_profile(const nlohmann::json& raw, const std::string& profile) {
   const auto profiles = raw.find("profiles");
@@ -1313,29 +1385,36 @@ Spec load_spec_text(const std::string& text, const std::string& source, const Lo
   OrderedJson resolved = raw;
   resolved.erase("profiles");
 
+  // The profile: the one asked for, else the implicit one when the spec defines it.
+  const auto profiles_of_raw = raw.find("profiles");
+  const bool defines_implicit = !options.implicit_profile.empty() && profiles_of_raw != raw.end() &&
+                                profiles_of_raw->is_object() && profiles_of_raw->contains(options.implicit_profile) &&
+                                (*profiles_of_raw)[options.implicit_profile].is_object();
+  const std::string profile = !options.profile.empty() ? options.profile : defines_implicit ? options.implicit_profile : "";
   // Profiles that are not applied are only checked for unknown fields; the applied one is merged
   // and validated with the rest, its issues attributed to it.
   Checker profile_checker(source, {}, {});
-  check_profiles(raw, options.profile, profile_checker);
-  if (!options.profile.empty()) {
-    const std::string profile_source = source + " (profile " + options.profile + ")";
-    if (!has_profile(nlohmann::json::parse(raw.dump()), options.profile)) {
+  check_profiles(raw, profile, profile_checker);
+  if (!profile.empty()) {
+    const std::string profile_source = source + " (profile " + profile + ")";
+    if (profiles_of_raw == raw.end() || !profiles_of_raw->is_object() || !profiles_of_raw->contains(profile) ||
+        !(*profiles_of_raw)[profile].is_object()) {
       std::vector<std::string> names;
       if (raw.contains("profiles") && raw["profiles"].is_object()) {
         for (const auto& item : raw["profiles"].items()) names.push_back(item.key());
       }
       profile_checker.issue("profiles",
-                            "unknown profile \"" + options.profile + "\"; " +
+                            "unknown profile \"" + profile + "\"; " +
                                 (names.empty() ? "the spec defines no profiles" : "the spec defines: " + join(names)));
     } else {
-      if (raw.contains("profile") && raw["profile"] != options.profile && raw["profile"] != "") {
+      if (raw.contains("profile") && raw["profile"] != profile && raw["profile"] != "") {
         profile_checker.issue("profile", "this spec was already resolved with profile " + describe(raw["profile"]));
       }
-      OrderedJson patch = raw["profiles"][options.profile];
+      OrderedJson patch = raw["profiles"][profile];
       for (const std::string key : {"profile", "profiles"}) {
         if (patch.contains(key)) {
-          profile_checker.issue(child("profiles." + options.profile, key),
-                                "unknown field \"" + key + "\"; known fields of profiles." + options.profile + ": " +
+          profile_checker.issue(child("profiles." + profile, key),
+                                "unknown field \"" + key + "\"; known fields of profiles." + profile + ": " +
                                     schema().profile->field_names());
           patch.erase(key);
         }
@@ -1344,9 +1423,10 @@ Spec load_spec_text(const std::string& text, const std::string& source, const Lo
       std::vector<std::string> written;
       leaf_paths(patch, "", written);
       for (const std::string& path : written) origins.push_back({path, profile_source});
-      resolved["profile"] = options.profile;
+      resolved["profile"] = profile;
     }
   }
+  const size_t profile_more = profile_checker.count() - profile_checker.issues().size();
   issues = std::move(profile_checker.issues());
   apply_model(resolved, options, source, issues, origins);
   for (const std::string& argument : options.overrides) {
@@ -1378,16 +1458,19 @@ Spec load_spec_text(const std::string& text, const std::string& source, const Lo
       if (resolved["sweep"].empty()) resolved.erase("sweep");
     }
   }
-  return validate(resolved, source, std::move(origins), options.allow_faults, std::move(issues));
+  return validate(resolved, source, std::move(origins), options.allow_faults, std::move(issues), profile_more);
+}
+
+std::string read_spec_text(const std::string& path) {
+  try {
+    return read_json_input_file(path);
+  } catch (const JsonInputError& error) {
+    throw SpecError({{path, "", error.message()}});
+  }
 }
 
 Spec load_spec_file(const std::string& path, const LoadOptions& options) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw SpecError({{path, "", "cannot open the spec file"}});
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) throw SpecError({{path, "", "cannot read the spec file"}});
-  return load_spec_text(buffer.str(), path, options);
+  return load_spec_text(read_spec_text(path), path, options);
 }
 
 Spec parse_spec(const nlohmann::json& resolved, const std::string& source, bool allow_faults) {

@@ -18,6 +18,29 @@
 
 namespace harness::spec {
 
+//! What each dim can mean (experiments/README.md, "Bounds"): the loader refuses anything beyond,
+//! and the memory model and the planner rely on it (every product they form fits int64, and the
+//! parent's work does not grow with a count that means nothing).
+inline constexpr int64_t kMaxBatch = 4096;
+inline constexpr int64_t kMaxHeads = 1024;                  //!< the largest open models have 128 query heads
+inline constexpr int64_t kMaxHeadDim = 1024;                //!< the kernels take 64 and 128
+inline constexpr int64_t kMaxBlockSize = 4096;              //!< a draft block (DFlash: 16)
+inline constexpr int64_t kMaxPositions = int64_t{1} << 24;  //!< Q_LEN and the context: 16 Mi positions each
+inline constexpr int64_t kMaxLayers = 1024;                 //!< the deepest open models have about 128
+inline constexpr int64_t kMaxMaskBlock = int64_t{1} << 16;  //!< BlockMask blocks (FlexAttention's default: 128)
+//! One layer's attention: query-key pairs (B·H·Q·KV, the dense scores' elements), and the elements
+//! of q, k, v and the output (B·H·(Q+KV)·D). Past these one layer's scores alone would be 256 TiB
+//! in fp32, or one input tensor 2 TiB in bf16; within them every sum of the memory model, times
+//! the layers, stays below 2^60 bytes.
+inline constexpr int64_t kMaxScorePairs = int64_t{1} << 46;
+inline constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
+//! A trial longer than a week is a unit mistake; the bound also keeps deadlines from overflowing.
+inline constexpr double kMaxTimeoutS = 7 * 24 * 3600.0;
+
+//! Why dims are beyond what one layer's attention can mean (a dim past its bound, or a product
+//! past kMaxScorePairs or kMaxTensorElements), or "" when they are within.
+std::string dims_product_problem(const kernels::AttentionGeometry& dims);
+
 //! One problem found in a spec.
 struct SpecIssue {
   std::string source;   //!< file path, with "(--set a.b=c)" when an override caused it
@@ -28,18 +51,29 @@ struct SpecIssue {
 
 //! How many problems of one spec are printed; the rest are counted ("... and 99 950 more").
 inline constexpr size_t kMaxIssuesShown = 50;
+//! How many problems of one spec are kept (a few hundred bytes each); beyond that they are only
+//! counted, so that reporting a spec with 100 000 problems takes no more memory than this.
+inline constexpr size_t kMaxIssuesKept = 200;
 
-//! Thrown with every problem of a spec; the CLI prints them (the first kMaxIssuesShown) and exits
+//! Thrown with the problems of a spec; the CLI prints them (the first kMaxIssuesShown) and exits
 //! with code 2.
 class SpecError : public std::runtime_error {
  public:
-  //! Values quoted in the issues are clipped to a few hundred bytes.
-  explicit SpecError(std::vector<SpecIssue> issues);
+  //! Values quoted in the issues are clipped to a few hundred bytes; issues past kMaxIssuesKept
+  //! are counted with `more`, the problems found but not kept.
+  explicit SpecError(std::vector<SpecIssue> issues, size_t more = 0);
+  //! The problems kept (at most kMaxIssuesKept, and a closing remark where checking stopped).
   const std::vector<SpecIssue>& issues() const { return issues_; }
+  //! Problems found beyond those kept.
+  size_t more() const { return more_; }
+  //! Every problem found.
+  size_t count() const { return issues_.size() + more_; }
 
  private:
-  SpecError(std::vector<SpecIssue> issues, int already_clipped);
+  struct Clipped {};
+  SpecError(Clipped, std::vector<SpecIssue> issues, size_t more);
   std::vector<SpecIssue> issues_;
+  size_t more_ = 0;
 };
 
 //! One variant of an experiment.
@@ -119,11 +153,17 @@ struct Spec {
 //! Options of loading a spec.
 struct LoadOptions {
   std::string profile;                  //!< profile to apply ("" for none)
+  //! Applied when `profile` is "" and the spec defines it (`run --device cpu`: "cpu"); an absent
+  //! one is no error.
+  std::string implicit_profile;
   std::string model;                    //!< --model: a model's attention shape into dims (after the profile)
   std::vector<std::string> overrides;   //!< "--set" arguments, "path=value" (after the model)
   bool allow_faults = false;            //!< accept variants' "fault" (tests only)
 };
 
+//! The text of a spec file, read once and only when it can be accepted (core/json_input.h:
+//! a regular file of at most 16 MiB, its size checked before reading). Throws SpecError.
+std::string read_spec_text(const std::string& path);
 //! Reads, overrides and validates a spec file. Throws SpecError listing every problem.
 Spec load_spec_file(const std::string& path, const LoadOptions& options = {});
 //! Same from JSON text (source names it in messages).

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <set>
 #include <charconv>
 #include <cstdint>
 #include <cmath>
@@ -18,6 +19,7 @@
 #include <string_view>
 
 #include "core/byte_size.h"
+#include "core/json_input.h"
 #include "experiments/kinds/registry.h"
 #include "experiments/verdict.h"
 
@@ -142,7 +144,7 @@ std::optional<Comparison> parse_comparison(std::string_view text, std::vector<st
                                            const ConditionVocabulary* vocabulary) {
   Comparison comparison;
   comparison.text = std::string(text);
-  const std::string quoted = "\"" + comparison.text + "\"";
+  const std::string quoted = "\"" + clip_text(comparison.text, 120) + "\"";
   // "!variant.metric": the bare read negated (== 0).
   const bool negated = !text.empty() && text.front() == '!' && text.substr(0, 2) != "!=";
   if (negated) text = trim(text.substr(1));
@@ -242,19 +244,29 @@ Condition parse_condition(const std::string& text, const ConditionVocabulary* vo
     condition.problems.push_back("the condition is empty");
     return condition;
   }
+  // Each problem quotes at most a clipped piece of the condition, empty comparisons are counted in
+  // one problem, and at most kMaxConditionProblems are kept: `&&` written 100 000 times is one
+  // short message, not 100 000 copies of the condition.
+  constexpr size_t kMaxConditionProblems = 20;
+  size_t empty = 0;
   for (std::string_view alternative : split(text, "||")) {
     std::vector<Comparison> conjunction;
     for (std::string_view part : split(alternative, "&&")) {
       part = trim(part);
       if (part.empty()) {
-        condition.problems.push_back("in \"" + text + "\": an empty comparison next to && or ||");
+        ++empty;
         continue;
       }
       if (auto comparison = parse_comparison(part, condition.problems, vocabulary))
         conjunction.push_back(std::move(*comparison));
+      if (condition.problems.size() > kMaxConditionProblems) condition.problems.pop_back();
     }
     condition.alternatives.push_back(std::move(conjunction));
   }
+  if (empty > 0)
+    condition.problems.push_back("in \"" + clip_text(text, 120) + "\": " +
+                                 (empty == 1 ? std::string("an empty comparison") : std::to_string(empty) + " empty comparisons") +
+                                 " next to && or ||");
   return condition;
 }
 
@@ -384,14 +396,14 @@ std::vector<std::string> check_verdict_condition(const std::string& condition,
                                                  const std::vector<std::string>& variants,
                                                  const ConditionVocabulary& vocabulary) {
   Condition parsed = parse_condition(condition, &vocabulary);
-  std::vector<std::string> unknown;
+  const std::set<std::string> known(variants.begin(), variants.end());
+  std::set<std::string> unknown;
   for (const auto& conjunction : parsed.alternatives) {
     for (const Comparison& comparison : conjunction) {
-      if (std::find(variants.begin(), variants.end(), comparison.variant) == variants.end() &&
-          std::find(unknown.begin(), unknown.end(), comparison.variant) == unknown.end()) {
-        unknown.push_back(comparison.variant);
-        parsed.problems.push_back("in \"" + comparison.text + "\": unknown variant \"" + comparison.variant +
-                                  "\"; variants: " + join(variants, ", "));
+      if (parsed.problems.size() >= 20) break;
+      if (!known.count(comparison.variant) && unknown.insert(comparison.variant).second) {
+        parsed.problems.push_back("in \"" + clip_text(comparison.text, 120) + "\": unknown variant \"" +
+                                  clip_text(comparison.variant, 60) + "\"; variants: " + join(variants, ", "));
       }
     }
   }

@@ -247,6 +247,19 @@ class Bisector {
       throw UsageError("give --metric or --status, not both");
     if (args_.max_reruns < 0) throw UsageError("--max-reruns must be 0 or more");
     check_device_syntax(args_.device);
+    // Values that reach pip's or uv's command line: one that starts with '-' would be read there
+    // as an option of its own (`-r FILE`, `--index-url URL`), whatever it stood for here.
+    const auto refuse_option_like = [](const std::string& option, const std::string& value) {
+      if (!value.empty() && value[0] == '-')
+        throw UsageError(fmt::format("{} '{}': starts with '-', which pip and uv would read as an option", option, value));
+    };
+    refuse_option_like("--package", args_.package);
+    refuse_option_like("--good", args_.good);
+    refuse_option_like("--bad", args_.bad);
+    refuse_option_like("--index-url", args_.index_url);
+    for (const auto& version : split_list(args_.versions)) refuse_option_like("--versions", version);
+    for (const auto& extra : args_.extras) refuse_option_like("--extra", extra);
+    for (const auto& folder : args_.find_links) refuse_option_like("--find-links", folder);
 
     // The experiment: its spec must load as `harness run` would load it.
     const auto path = spec::find_spec(args_.experiment, experiment_search_dirs(options_));
@@ -620,8 +633,7 @@ class Bisector {
 };
 
 int show_bisect(const ShowArgs& args, const GlobalOptions& options) {
-  if (!fs::exists(options.db_path)) throw UsageError("no db at " + options.db_path);
-  db::Store store(options.db_path);
+  const db::Store store(options.db_path, db::Access::read);
   const auto bisect = store.get_bisect(args.id);
   if (!bisect) {
     std::string known;

@@ -2,9 +2,11 @@
 // `harness slurm collect` does as tasks end). Idempotent; refuses, with nothing written, a file
 // that is not a valid shard of this schema version or belongs to a run the db does not have.
 // `harness db check | vacuum | prune`: the db's health and size. check: SQLite's integrity
-// check, runs whose harness died (marked abandoned), artifact files no row names (orphans) and
-// rows whose file is gone; vacuum: removes orphans and compacts the file; prune: removes the
-// capsules of old runs (about 1 GB each at real dims), keeping the runs, trials and metrics.
+// check, runs whose harness died (marked abandoned), files of the db's artifact folder no row
+// names (orphans), rows whose file is gone and rows that name files outside the folder; vacuum:
+// removes orphans and compacts the file; prune: removes the capsules of old runs (about 1 GB each
+// at real dims), keeping the runs, trials and metrics. Only files of the db's own artifact folder
+// are ever deleted, and none while a run of the db is going (db/artifact_paths.h).
 
 #include <sys/stat.h>
 
@@ -16,6 +18,8 @@
 
 #include <fmt/format.h>
 
+#include "core/json_input.h"
+#include "db/artifact_paths.h"
 #include "db/store.h"
 #include "harness/cli.h"
 #include "core/printer.h"
@@ -35,37 +39,33 @@ struct DbArgs {
   bool dry_run = false;
 };
 
-std::string db_folder(const std::string& db_path) {
-  std::error_code error;
-  return fs::absolute(fs::path(db_path), error).parent_path().string();
-}
-
-// An artifact row's file on disk (rows store paths relative to the db's folder).
-std::string artifact_file(const db::Artifact& artifact, const std::string& db_path) {
-  const fs::path path(artifact.path);
-  return path.is_absolute() ? path.string() : (fs::path(db_folder(db_path)) / path).lexically_normal().string();
-}
+using Place = db::ResolvedArtifact::Place;
 
 struct Orphan {
   std::string path;
   int64_t bytes = 0;
 };
 
-// Files under the artifact folder that no row names: left by a harness killed between writing a
-// capsule and storing its row, or by rows removed outside the harness.
-std::vector<Orphan> orphaned_files(const std::vector<db::Artifact>& artifacts, const std::string& db_path) {
+// Files in the db's own artifact folder that no row names: left by a harness killed between
+// writing a capsule and storing its row, or by rows removed outside the harness. Only regular
+// files count (a symbolic link there is not the harness's), and nothing outside the folder is
+// looked at: other dbs' files, even in the folder older versions shared, are never orphans here.
+std::vector<Orphan> orphaned_files(const std::vector<db::Artifact>& artifacts, const db::ArtifactFolder& folder) {
   std::set<std::string> named;
-  for (const auto& artifact : artifacts) named.insert(artifact_file(artifact, db_path));
+  for (const auto& artifact : artifacts) {
+    const auto resolved = folder.resolve(artifact.path);
+    if (resolved.place == Place::own) named.insert(resolved.file);
+  }
   std::vector<Orphan> orphans;
-  const std::string folder = artifact_dir_for(db_path);
   std::error_code error;
-  if (!fs::is_directory(folder, error)) return orphans;
-  for (auto it = fs::recursive_directory_iterator(folder, error); !error && it != fs::recursive_directory_iterator();
+  if (!fs::is_directory(fs::symlink_status(folder.own(), error))) return orphans;
+  for (auto it = fs::recursive_directory_iterator(folder.own(), error); !error && it != fs::recursive_directory_iterator();
        it.increment(error)) {
-    if (!it->is_regular_file(error)) continue;
+    std::error_code status_error;
+    if (!fs::is_regular_file(it->symlink_status(status_error))) continue;
     const std::string path = it->path().lexically_normal().string();
     if (named.count(path)) continue;
-    orphans.push_back({path, static_cast<int64_t>(it->file_size(error))});
+    orphans.push_back({path, static_cast<int64_t>(it->file_size(status_error))});
   }
   return orphans;
 }
@@ -104,29 +104,50 @@ std::string iso8601_ago(double seconds) {
   return text;
 }
 
-// Deletes the files of `removed` that no remaining row names (content-addressed files are shared).
-std::pair<size_t, int64_t> delete_unnamed(const std::vector<db::Artifact>& removed, db::Store& store,
-                                          const std::string& db_path) {
-  std::set<std::string> still_named;
-  for (const auto& artifact : store.list_artifacts()) still_named.insert(artifact_file(artifact, db_path));
-  std::set<std::string> done;
+// What prune did with the files of the rows it removed.
+struct Deleted {
   size_t files = 0;
   int64_t bytes = 0;
+  size_t kept_shared = 0;   // in the folder older versions shared: another db may name them
+  size_t kept_outside = 0;  // rows naming files outside the artifact folders: never touched
+  size_t kept_running = 0;  // a run of this db is going and may name them next
+};
+
+// Deletes the files of `removed` that lie in the db's own folder and that no remaining row names
+// (content-addressed files are shared between runs); while a run of the db is going, none: its
+// next row may name any of them.
+Deleted delete_unnamed(const std::vector<db::Artifact>& removed, db::Store& store, const db::ArtifactFolder& folder,
+                       size_t running) {
+  std::set<std::string> still_named;
+  for (const auto& artifact : store.list_artifacts()) still_named.insert(folder.resolve(artifact.path).file);
+  std::set<std::string> done;
+  Deleted deleted;
   for (const auto& artifact : removed) {
-    const std::string path = artifact_file(artifact, db_path);
-    if (still_named.count(path) || !done.insert(path).second) continue;
-    std::error_code error;
-    const auto size = fs::file_size(path, error);
-    if (!error && fs::remove(path, error)) {
-      ++files;
-      bytes += static_cast<int64_t>(size);
+    const auto resolved = folder.resolve(artifact.path);
+    if (resolved.place == Place::outside) {
+      ++deleted.kept_outside;
+      continue;
+    }
+    if (still_named.count(resolved.file) || !done.insert(resolved.file).second) continue;
+    if (resolved.place == Place::shared) {
+      ++deleted.kept_shared;
+    } else if (running > 0) {
+      ++deleted.kept_running;
+    } else {
+      std::error_code error;
+      const auto size = fs::file_size(resolved.file, error);
+      if (!error && fs::remove(resolved.file, error)) {
+        ++deleted.files;
+        deleted.bytes += static_cast<int64_t>(size);
+      }
     }
   }
-  return {files, bytes};
+  return deleted;
 }
 
 int db_check(const GlobalOptions& options) {
   db::Store store(options.db_path, db::Access::read);
+  const db::ArtifactFolder folder(options.db_path);
   auto integrity = store.integrity_problems();
   // On a damaged db the other checks may fail to read: what they could not read is a finding too.
   std::vector<int64_t> abandoned;
@@ -140,33 +161,45 @@ int db_check(const GlobalOptions& options) {
     if (integrity.empty()) throw;
     integrity.push_back(std::string("the runs and artifacts could not be read: ") + error.what());
   }
-  const auto orphans = integrity.empty() ? orphaned_files(artifacts, options.db_path) : std::vector<Orphan>{};
-  nlohmann::json missing = nlohmann::json::array();
+  const auto orphans = integrity.empty() ? orphaned_files(artifacts, folder) : std::vector<Orphan>{};
+  nlohmann::json missing = nlohmann::json::array(), outside = nlohmann::json::array();
+  size_t shared_rows = 0;
   for (const auto& artifact : artifacts) {
+    const auto resolved = folder.resolve(artifact.path);
+    const nlohmann::json row = {{"artifact", artifact.id}, {"run", artifact.run_id}, {"kind", artifact.kind}, {"path", artifact.path}};
+    if (resolved.place == Place::outside) {
+      outside.push_back(row);
+      outside.back()["problem"] = resolved.problem;
+      continue;
+    }
+    shared_rows += resolved.place == Place::shared;
     std::error_code error;
-    if (!fs::exists(artifact_file(artifact, options.db_path), error))
-      missing.push_back({{"artifact", artifact.id}, {"run", artifact.run_id}, {"kind", artifact.kind}, {"path", artifact.path}});
+    if (!fs::exists(resolved.file, error)) missing.push_back(row);
   }
   nlohmann::json report = {{"db", options.db_path},
-                           {"read_only", store.read_only()},
                            {"integrity", integrity.empty() ? nlohmann::json("ok") : nlohmann::json(integrity)},
                            {"abandoned_runs", abandoned},
                            {"running_elsewhere", nlohmann::json::array()},
+                           {"artifact_folder", folder.own()},
                            {"orphaned_files", nlohmann::json::array()},
-                           {"missing_files", missing}};
+                           {"missing_files", missing},
+                           {"outside_rows", outside},
+                           {"shared_folder_rows", shared_rows}};
   for (const auto& run : elsewhere) report["running_elsewhere"].push_back({{"run", run.id}, {"host", run.owner_host}});
   int64_t orphan_bytes = 0;
   for (const auto& orphan : orphans) {
     report["orphaned_files"].push_back({{"path", orphan.path}, {"bytes", orphan.bytes}});
     orphan_bytes += orphan.bytes;
   }
-  const int exit_code = integrity.empty() ? kExitOk : kExitInfra;
+  // A damaged db, or rows that name files outside the artifact folders (a db edited by hand or
+  // from someone else: not to be trusted with deletions), end in exit 3.
+  const int exit_code = integrity.empty() && outside.empty() ? kExitOk : kExitInfra;
   if (options.json) {
     report["exit_code"] = exit_code;
     print_json(std::cout, report);
     return exit_code;
   }
-  std::cout << options.db_path << (store.read_only() ? " (read-only)" : "") << '\n';
+  std::cout << options.db_path << '\n';
   if (integrity.empty()) {
     std::cout << "  integrity: ok\n";
   } else {
@@ -176,24 +209,31 @@ int db_check(const GlobalOptions& options) {
   }
   std::cout << "  abandoned runs: " << abandoned.size();
   for (size_t i = 0; i < abandoned.size(); ++i) std::cout << (i ? ", " : " (") << abandoned[i];
-  std::cout << (abandoned.empty() ? "" : store.read_only() ? ") (not marked: read-only)" : ") (marked abandoned)") << '\n';
+  std::cout << (abandoned.empty() ? "" : ") (not marked here: `harness run` and `db vacuum` mark them)") << '\n';
   if (!elsewhere.empty()) std::cout << "  running on other hosts (not checked): " << elsewhere.size() << '\n';
+  std::cout << "  artifact folder: " << folder.own() << '\n';
   std::cout << "  orphaned artifact files: " << orphans.size()
             << (orphans.empty() ? "" : fmt::format(" ({}; `harness db vacuum` removes them)", format_bytes(static_cast<double>(orphan_bytes))))
             << '\n';
   std::cout << "  artifact rows whose file is missing: " << missing.size() << '\n';
   for (const auto& row : missing) std::cout << "    run " << row["run"] << ": " << row["path"].get<std::string>() << '\n';
+  if (shared_rows > 0)
+    std::cout << "  artifact rows in " << folder.shared() << " (shared by the folder's dbs before; read, never deleted): "
+              << shared_rows << '\n';
+  std::cout << "  artifact rows naming files outside the artifact folder (never read or deleted): " << outside.size() << '\n';
+  for (const auto& row : outside)
+    std::cout << "    run " << row["run"] << ": " << clip_text(row["path"].get<std::string>(), 200) << ": "
+              << row["problem"].get<std::string>() << '\n';
   return exit_code;
 }
 
 int db_vacuum(const GlobalOptions& options, const DbArgs& args) {
-  db::Store store(options.db_path, db::Access::read);
-  if (store.read_only()) throw UsageError(options.db_path + ": read-only here; vacuum needs to write it");
+  db::Store store(options.db_path, db::Access::update);
   store.settle_abandoned_runs();
   std::error_code error;
   const auto before = fs::file_size(options.db_path, error);
   const size_t running = live_runs(store);
-  const auto orphans = orphaned_files(store.list_artifacts(), options.db_path);
+  const auto orphans = orphaned_files(store.list_artifacts(), db::ArtifactFolder(options.db_path));
   size_t removed = 0;
   int64_t removed_bytes = 0;
   if (running == 0 && !args.dry_run) {
@@ -229,9 +269,9 @@ int db_vacuum(const GlobalOptions& options, const DbArgs& args) {
 int db_prune(const GlobalOptions& options, const DbArgs& args) {
   if (args.older_than.empty()) throw UsageError("db prune needs --older-than AGE (e.g. 30d)");
   const std::string cutoff = iso8601_ago(parse_age(args.older_than));
-  db::Store store(options.db_path, db::Access::read);
-  if (store.read_only()) throw UsageError(options.db_path + ": read-only here; prune needs to write it");
+  db::Store store(options.db_path, db::Access::update);
   store.settle_abandoned_runs();
+  const size_t running = live_runs(store);
   std::vector<db::Artifact> candidates;
   if (args.dry_run) {
     db::RunFilter filter;
@@ -247,18 +287,51 @@ int db_prune(const GlobalOptions& options, const DbArgs& args) {
   } else {
     candidates = store.prune_artifacts(cutoff, args.kinds);
   }
-  const auto [files, bytes] = args.dry_run ? std::pair<size_t, int64_t>{0, 0} : delete_unnamed(candidates, store, options.db_path);
+  const db::ArtifactFolder folder(options.db_path);
+  const Deleted deleted = args.dry_run ? Deleted{} : delete_unnamed(candidates, store, folder, running);
   std::set<int64_t> runs;
   for (const auto& artifact : candidates) runs.insert(artifact.run_id);
-  nlohmann::json report = {{"db", options.db_path},   {"older_than", args.older_than}, {"cutoff", cutoff},
-                           {"dry_run", args.dry_run}, {"artifacts", candidates.size()}, {"runs", runs.size()},
-                           {"removed_files", files},  {"removed_bytes", bytes}};
+  nlohmann::json report = {{"db", options.db_path},
+                           {"older_than", args.older_than},
+                           {"cutoff", cutoff},
+                           {"dry_run", args.dry_run},
+                           {"artifacts", candidates.size()},
+                           {"runs", runs.size()},
+                           {"removed_files", deleted.files},
+                           {"removed_bytes", deleted.bytes},
+                           {"kept_files",
+                            {{"shared_folder", deleted.kept_shared},
+                             {"outside", deleted.kept_outside},
+                             {"running", deleted.kept_running}}}};
   if (options.json) {
     print_json(std::cout, report);
+    return kExitOk;
+  }
+  std::cout << fmt::format("{}: {} {} artifact row(s) of {} run(s) started before {}{}\n", options.db_path,
+                           args.dry_run ? "would remove" : "removed", candidates.size(), runs.size(), cutoff,
+                           args.dry_run ? "" : fmt::format("; {} file(s), {} freed", deleted.files,
+                                                           format_bytes(static_cast<double>(deleted.bytes))));
+  if (deleted.kept_running > 0)
+    std::cout << fmt::format("  kept {} file(s): {} run(s) of this db are going and may name them; `harness db vacuum` "
+                             "removes them once none is\n",
+                             deleted.kept_running, running);
+  if (deleted.kept_shared > 0)
+    std::cout << fmt::format("  kept {} file(s) in {}: older versions shared that folder between the dbs beside it\n",
+                             deleted.kept_shared, folder.shared());
+  if (deleted.kept_outside > 0)
+    std::cout << fmt::format("  kept {} file(s) named outside the artifact folder (`harness db check` lists the rows)\n",
+                             deleted.kept_outside);
+  return kExitOk;
+}
+
+// Reading commands never write, so they read only dbs of this binary's schema: an older db is
+// upgraded here (what `run` also does when it appends to one).
+int db_migrate(const GlobalOptions& options) {
+  const db::Store store(options.db_path, db::Access::update);
+  if (options.json) {
+    print_json(std::cout, {{"db", options.db_path}, {"schema_version", store.schema_version()}});
   } else {
-    std::cout << fmt::format("{}: {} {} artifact row(s) of {} run(s) started before {}{}\n", options.db_path,
-                             args.dry_run ? "would remove" : "removed", candidates.size(), runs.size(), cutoff,
-                             args.dry_run ? "" : fmt::format("; {} file(s), {} freed", files, format_bytes(static_cast<double>(bytes))));
+    std::cout << fmt::format("{}: schema version {} (this binary's)\n", options.db_path, store.schema_version());
   }
   return kExitOk;
 }
@@ -327,12 +400,14 @@ Action add_db_command(CLI::App& app, GlobalOptions& options) {
   prune->add_option("--older-than", args->older_than, "Age, e.g. 30d, 12h, 2w")->required();
   prune->add_option("--kind", args->kinds, "Artifact kinds to remove (default: capsule and outputs)")->delimiter(',');
   prune->add_flag("--dry-run", args->dry_run, "Only say what would be removed");
-  for (CLI::App* sub : {command, merge_command, check, vacuum, prune}) add_global_options(*sub, options);
-  for (CLI::App* sub : {merge_command, check, vacuum, prune}) sub->fallthrough();
-  return [args, merge_command, check, vacuum, &options]() -> int {
+  auto* migrate = command->add_subcommand("migrate", "Upgrade the db's schema to this binary's (reading commands never do)");
+  for (CLI::App* sub : {command, merge_command, check, vacuum, prune, migrate}) add_global_options(*sub, options);
+  for (CLI::App* sub : {merge_command, check, vacuum, prune, migrate}) sub->fallthrough();
+  return [args, merge_command, check, vacuum, migrate, &options]() -> int {
     if (merge_command->parsed()) return merge(*args, options);
     if (check->parsed()) return db_check(options);
     if (vacuum->parsed()) return db_vacuum(options, *args);
+    if (migrate->parsed()) return db_migrate(options);
     return db_prune(options, *args);
   };
 }

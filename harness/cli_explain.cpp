@@ -15,7 +15,6 @@
 #include "experiments/memory_solve.h"
 #include "experiments/spec.h"
 #include "experiments/sweep.h"
-#include "core/files.h"
 #include "harness/cli.h"
 #include "core/printer.h"
 #include "harness/run_support.h"
@@ -63,12 +62,7 @@ std::vector<std::pair<nlohmann::json, spec::Spec>> load_points(const ExplainArgs
   }
   spec::LoadOptions load;
   load.overrides = args.overrides;
-  if (!args.profile.empty()) {
-    const auto raw = nlohmann::json::parse(read_file(*path), nullptr, false);
-    if (raw.is_discarded() || !spec::has_profile(raw, args.profile))
-      throw UsageError(fmt::format("--profile {}: {} defines no such profile", args.profile, *path));
-    load.profile = args.profile;
-  }
+  load.profile = args.profile;  // one the spec does not define is a spec error naming those it does
   const spec::Spec spec = spec::load_spec_file(*path, load);
   if (spec.kind != "attention_step")
     throw UsageError(fmt::format("explain-oom: {} is an experiment of kind {}; the memory model covers attention_step",

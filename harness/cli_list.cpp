@@ -47,10 +47,14 @@ Action add_list_command(CLI::App& app, GlobalOptions& options) {
     namespace fs = std::filesystem;
     std::map<std::string, int> run_counts;
     if (fs::exists(options.db_path)) {
-      db::Store store(options.db_path, db::Access::read);
-      db::RunFilter filter;
-      filter.limit = 1000000;
-      for (const auto& run : store.list_runs(filter)) ++run_counts[run.experiment];
+      try {
+        db::Store store(options.db_path, db::Access::read);
+        db::RunFilter filter;
+        filter.limit = 1000000;
+        for (const auto& run : store.list_runs(filter)) ++run_counts[run.experiment];
+      } catch (const db::DbMissingError&) {
+        // Not a harness db (an empty file, a device): the experiments are listed without counts.
+      }
     }
     std::set<std::string> seen;
     nlohmann::json json = nlohmann::json::array();

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "core/json_input.h"
+#include "db/artifact_paths.h"
 #include "db/store.h"
 #include "experiments/spec.h"
 #include "harness/cli.h"
@@ -50,12 +52,14 @@ struct Source {
   int64_t memory_limit_bytes = 0;  // the recorded run's --memory-limit, replayed unless overridden
 };
 
-// A stored artifact path is relative to the db's folder.
+// A stored artifact's file: inside the db's artifact folder (db/artifact_paths.h), else a
+// UsageError naming the row (a db edited by hand or from someone else is not followed out of it).
 std::string artifact_path(const db::Artifact& artifact, const std::string& db_path) {
-  const fs::path path(artifact.path);
-  if (path.is_absolute()) return path.string();
-  std::error_code error;
-  return (fs::absolute(fs::path(db_path), error).parent_path() / path).lexically_normal().string();
+  const db::ResolvedArtifact resolved = db::ArtifactFolder(db_path).resolve(artifact.path);
+  if (resolved.place == db::ResolvedArtifact::Place::outside)
+    throw UsageError(fmt::format("{}: artifact {} of run {} names '{}', outside the db's artifact folder: {}; not read",
+                                 db_path, artifact.id, artifact.run_id, clip_text(artifact.path, 200), resolved.problem));
+  return resolved.file;
 }
 
 replay::CapsuleInfo inspect_or_usage_error(const std::string& path, bool verify_payload,

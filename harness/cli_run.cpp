@@ -202,8 +202,9 @@ void check_slurm_args(const RunArgs& args) {
       {"--partition", args.request.partition}, {"--account", args.request.account}, {"--mem", args.request.mem},
       {"--slurm-dir", args.slurm_dir}};
   for (const auto& [option, value] : texts)
-    if (value.find_first_of("\"\n") != std::string::npos)
-      throw UsageError(fmt::format("{} '{}': no double quotes or newlines", option, value));
+    if (const auto problem = slurm::sbatch_value_problem(value))
+      throw UsageError(fmt::format("{} '{}': {}; it goes into the Slurm batch script", option, slurm::printable(value),
+                                   *problem));
   if (!args.request.time.empty() &&
       args.request.time.find_first_not_of("0123456789:-") != std::string::npos)
     throw UsageError(fmt::format("--time '{}': expected a Slurm time such as 30, 00:30:00 or 1-00:00:00", args.request.time));
@@ -213,6 +214,10 @@ void check_slurm_args(const RunArgs& args) {
 // without --no-wait the job is followed and its shards merged as its tasks end.
 int run_on_slurm(const RunArgs& args, std::vector<PlannedRun>& runs, const std::string& device,
                  int64_t memory_limit_bytes, bool allow_faults, const GlobalOptions& options) {
+  // The run folder, its logs and the db are named in the batch script (#SBATCH --output, comments).
+  if (const auto problem = slurm::sbatch_value_problem(options.db_path))
+    throw UsageError(fmt::format("--db '{}': {}; a Slurm run names the db in its batch script",
+                                 slurm::printable(options.db_path), *problem));
   std::vector<Job> jobs;
   for (size_t r = 0; r < runs.size(); ++r)
     for (size_t p = 0; p < runs[r].points.size(); ++p)
@@ -311,26 +316,43 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
     spec_paths.push_back(*path);
   }
   const bool allow_faults = faults_allowed();
-  std::vector<spec::SpecIssue> issues;
-  std::vector<nlohmann::json> raws;
-  for (const std::string& path : spec_paths) {
-    raws.push_back(nlohmann::json::parse(read_file(path), nullptr, false));
+  // Each spec is read once (bounded: core/json_input.h) and validated as it will run: its profile
+  // (--profile, else the spec's cpu profile on the CPU), then --set, then everything checked. With
+  // --device auto the device is known only after the probe: a spec valid with or without its cpu
+  // profile goes on, and is validated again below once the probe has said which.
+  const auto load_options = [&](std::optional<bool> on_cpu) {
     spec::LoadOptions load;
     load.overrides = args.overrides;
     load.model = args.model;
     load.allow_faults = allow_faults;
-    if (!args.profile.empty()) {
-      if (raws.back().is_discarded() || !spec::has_profile(raws.back(), args.profile))
-        throw UsageError(fmt::format("--profile {}: {} defines no such profile", args.profile, path));
-      load.profile = args.profile;
-    }
+    load.profile = args.profile;
+    if (args.profile.empty() && !args.no_profile && on_cpu.value_or(false)) load.implicit_profile = "cpu";
+    return load;
+  };
+  const std::optional<bool> known_cpu =
+      devices.front() == "auto" ? std::nullopt : std::optional<bool>(devices.front() == "cpu");
+  std::vector<spec::SpecIssue> issues;
+  size_t issues_more = 0;
+  std::vector<std::string> texts;
+  for (const std::string& path : spec_paths) {
     try {
-      spec::load_spec_file(path, load);
+      texts.push_back(spec::read_spec_text(path));
+      try {
+        spec::load_spec_text(texts.back(), path, load_options(known_cpu));
+      } catch (const spec::SpecError& error) {
+        if (known_cpu) throw;
+        try {
+          spec::load_spec_text(texts.back(), path, load_options(true));  // valid on the CPU: the probe decides
+        } catch (const spec::SpecError&) {
+          throw error;
+        }
+      }
     } catch (const spec::SpecError& error) {
       issues.insert(issues.end(), error.issues().begin(), error.issues().end());
+      issues_more += error.more();
     }
   }
-  if (!issues.empty()) throw spec::SpecError(std::move(issues));
+  if (!issues.empty()) throw spec::SpecError(std::move(issues), issues_more);
 
   ScratchDir scratch;
   install_interrupt_handlers();
@@ -346,16 +368,9 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
   std::vector<PlannedRun> runs;
   std::optional<nlohmann::json> python_env;
   for (size_t i = 0; i < spec_paths.size(); ++i) {
-    spec::LoadOptions load;
-    load.overrides = args.overrides;
-    load.model = args.model;
-    load.allow_faults = allow_faults;
-    load.profile = args.profile;
-    if (args.profile.empty() && !args.no_profile && on_cpu && !raws[i].is_discarded() && spec::has_profile(raws[i], "cpu"))
-      load.profile = "cpu";
     PlannedRun run;
     run.spec_path = spec_paths[i];
-    run.spec = spec::load_spec_file(spec_paths[i], load);
+    run.spec = spec::load_spec_text(texts[i], spec_paths[i], load_options(on_cpu));
     plan_points(run);
     if (run.spec.kind == "python" && !python_env && !on_slurm) {
       // An interpreter that cannot run fails each trial with the reason; the env says so too.
@@ -371,6 +386,7 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
   if (on_slurm) return run_on_slurm(args, runs, devices.front(), memory_limit_bytes, allow_faults, options);
 
   db::Store store(options.db_path);
+  store.settle_abandoned_runs();  // reading commands show a dead harness's runs abandoned; a writer marks them
   if (const char* pages = std::getenv("HARNESS_FAULT_DB_MAX_PAGES"); pages && allow_faults) {
     // Test-only: the fault suite's disk-full case where no small file system can be mounted.
     store.limit_pages(std::atoll(pages));

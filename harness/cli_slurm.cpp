@@ -26,7 +26,7 @@ struct SlurmArgs {
 };
 
 int print_status(const SlurmArgs& args, const GlobalOptions& options) {
-  db::Store store(options.db_path);
+  db::Store store(options.db_path, db::Access::read);
   const nlohmann::json status = slurm::job_status(store, args.run_id);
   if (options.json) {
     print_json(std::cout, status);

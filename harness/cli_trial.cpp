@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -31,7 +32,10 @@ struct TrialArgs {
 // PR_SET_PDEATHSIG did not fire), the child ends itself, leaving a timeout result for whoever
 // reads it, and its helpers die with it (they were started with PR_SET_PDEATHSIG).
 void start_deadline(double seconds, const std::string& result_path) {
-  if (seconds <= 0.0) return;
+  if (!(seconds > 0.0)) return;
+  // sleep_for converts to integer nanoseconds: past ~292 years that overflows into "now" (specs
+  // allow 7 days; this keeps any other caller from ending every trial at once).
+  seconds = std::min(seconds, 1e9);
   std::thread([seconds, result_path] {
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
     const nlohmann::json result = {

@@ -130,16 +130,16 @@ int main(int argc, char** argv) {
     } catch (const spec::SpecError& e) {
       const auto& issues = e.issues();
       const size_t shown = std::min(issues.size(), spec::kMaxIssuesShown);
-      std::string text = "invalid experiment spec (" + std::to_string(issues.size()) + " problem" +
-                         (issues.size() == 1 ? "" : "s") + ", nothing was run or written):";
+      std::string text = "invalid experiment spec (" + std::to_string(e.count()) + " problem" +
+                         (e.count() == 1 ? "" : "s") + ", nothing was run or written):";
       nlohmann::json problems = nlohmann::json::array();
       for (size_t i = 0; i < shown; ++i) {
         text += "\n  " + issues[i].to_string();
         problems.push_back({{"source", issues[i].source}, {"path", issues[i].path}, {"message", issues[i].message}});
       }
-      if (shown < issues.size()) text += "\n  ... and " + std::to_string(issues.size() - shown) + " more problems";
+      if (shown < e.count()) text += "\n  ... and " + std::to_string(e.count() - shown) + " more problems";
       return report_error(options, kExitUsage, text,
-                          {{"problems", problems}, {"problem_count", issues.size()}});
+                          {{"problems", problems}, {"problem_count", e.count()}});
     } catch (const UsageError& e) {
       return report_error(options, kExitUsage, e.what());
     } catch (const db::DbMissingError& e) {

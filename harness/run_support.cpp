@@ -171,19 +171,11 @@ ChildCommand trial_command(const TrialLaunch& launch, const GlobalOptions& optio
 
 namespace {
 
-// Artifact paths are stored relative to the db's folder, so a db and its artifacts move together.
-std::string relative_to_db(const std::string& path, const std::string& db_path) {
-  std::error_code error;
-  const fs::path base = fs::absolute(fs::path(db_path), error).parent_path();
-  const fs::path relative = fs::path(path).lexically_proximate(base);
-  return relative.string();
-}
-
 void add_artifact(RecordedTrial& recorded, const nlohmann::json& entry, const std::string& db_path) {
   db::Artifact artifact;
   artifact.kind = entry.value("kind", "");
   artifact.sha256 = entry.value("sha256", "");
-  artifact.path = relative_to_db(entry.value("path", ""), db_path);
+  artifact.path = db::ArtifactFolder(db_path).row_path(entry.value("path", ""));
   artifact.bytes = entry.value("bytes", int64_t{0});
   for (const auto& known : recorded.artifacts)
     if (known.sha256 == artifact.sha256 && known.kind == artifact.kind) return;
@@ -258,10 +250,7 @@ void store_trial(db::Store& store, int64_t run_id, RecordedTrial& recorded) {
   }
 }
 
-std::string artifact_dir_for(const std::string& db_path) {
-  std::error_code error;
-  return (fs::absolute(fs::path(db_path), error).parent_path() / "artifacts").string();
-}
+std::string artifact_dir_for(const std::string& db_path) { return db::ArtifactFolder(db_path).own(); }
 
 bool trial_failed(const std::string& status) {
   return status == "crashed" || status == "timeout" || status == "error" || status == "interrupted" ||

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "db/artifact_paths.h"
 #include "db/store.h"
 #include "core/files.h"
 #include "core/trial_runner.h"
@@ -92,8 +93,8 @@ RecordedTrial record_trial(const std::string& variant, const nlohmann::json& poi
 //! Stores a recorded trial and its artifacts; fills the ids.
 void store_trial(db::Store& store, int64_t run_id, RecordedTrial& recorded);
 
-//! The folder where trials of runs stored in `db_path` write their artifacts (capsules):
-//! "<db folder>/artifacts".
+//! The folder where trials of runs stored in `db_path` write their artifacts (capsules): the db's
+//! own, "<db folder>/<db file>.artifacts" (db/artifact_paths.h).
 std::string artifact_dir_for(const std::string& db_path);
 
 //! Whether a trial status is a failure of the trial itself (not an outcome such as oom).

@@ -7,8 +7,9 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "harness/common.h"
+#include "core/errors.h"
 #include "core/trial_runner.h"
+#include "harness/common.h"
 
 namespace harness::slurm {
 namespace {
@@ -86,10 +87,18 @@ std::string shell_quote(const std::string& value) {
 }
 
 // A value on an #SBATCH line: sbatch splits those lines at blanks and understands double quotes
-// (not single ones), so a value with a blank is double-quoted; `"` and newlines never get this far.
+// (not single ones), so a value with a blank is double-quoted. What double quotes cannot carry (a
+// quote, a line break or another control character, which would end the line and start a command
+// of its own) is refused: a UsageError naming the value.
 std::string sbatch_quote(const std::string& value) {
+  if (const auto problem = sbatch_value_problem(value))
+    throw UsageError("'" + printable(value) + "' cannot go into a Slurm batch script: " + *problem);
   return value.find_first_of(" \t") == std::string::npos ? value : "\"" + value + "\"";
 }
+
+// A comment line of the script: control characters are written as escapes, so text a user chose
+// (a db path, a swept value) stays inside its comment.
+std::string comment(const std::string& text) { return "# " + printable(text) + "\n"; }
 
 std::vector<std::string> split(const std::string& text, char separator) {
   std::vector<std::string> parts;
@@ -102,10 +111,40 @@ std::vector<std::string> split(const std::string& text, char separator) {
 
 }  // namespace
 
+namespace {
+
+// Why `text` cannot stay on one line of the script (a line break or another control character).
+std::optional<std::string> control_character_problem(const std::string& text) {
+  for (const char c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 && c != '\t') return std::string("it holds a line break or another control character");
+    if (c == 0x7f) return std::string("it holds a control character");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> sbatch_value_problem(const std::string& value) {
+  if (value.find('"') != std::string::npos) return std::string("it holds a double quote");
+  return control_character_problem(value);
+}
+
+std::string printable(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (byte < 0x20 || byte == 0x7f) out += fmt::format("\\x{:02x}", byte);
+    else out += c;
+  }
+  return out;
+}
+
 std::string batch_script(const BatchScript& script) {
   const JobRequest& request = script.request;
   std::string text = "#!/bin/bash\n";
-  text += "# " + script.description + "\n";
+  text += comment(script.description);
   text += "#\n";
   text += "# Written by `harness run --slurm`. One Slurm array task per chunk of trials; each task runs its\n";
   text += "# trials one after another, each in its own child process (as `harness run` does on one machine),\n";
@@ -113,10 +152,13 @@ std::string batch_script(const BatchScript& script) {
   text += "# waiting `harness run`) merges the shards into the main db and requeues failed tasks.\n";
   text += "# Every path below must be on storage that the submitting host and every node see.\n";
   text += "#\n";
-  for (const std::string& line : script.trial_lines) text += "#   " + line + "\n";
+  for (const std::string& line : script.trial_lines) text += comment("  " + line);
   text += "#\n";
-  auto option = [&](const std::string& comment, const std::string& line) {
-    text += "# " + comment + "\n#SBATCH " + line + "\n";
+  auto option = [&](const std::string& what, const std::string& line) {
+    // The line's values are quoted already (sbatch_quote): here only what would end the line.
+    if (const auto problem = control_character_problem(line))
+      throw UsageError("'" + printable(line) + "' cannot go into a Slurm batch script: " + *problem);
+    text += comment(what) + "#SBATCH " + line + "\n";
   };
   option("The job's name in squeue.", "--job-name=" + sbatch_quote(request.job_name));
   option(request.array_parallel > 0

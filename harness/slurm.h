@@ -33,7 +33,14 @@ struct BatchScript {
 };
 
 //! The script: #SBATCH lines for every option, each commented, then one `harness __slurm-task`.
+//! No text becomes a line of its own: comments show control characters as escapes, values are
+//! quoted, and a value that cannot be quoted on an #SBATCH line is a UsageError.
 std::string batch_script(const BatchScript& script);
+//! Why `value` cannot go on an #SBATCH line (a double quote, a line break, another control
+//! character), or nullopt when it can.
+std::optional<std::string> sbatch_value_problem(const std::string& value);
+//! `text` with line breaks and other control characters written as escapes (\n, \x1b).
+std::string printable(const std::string& text);
 
 //! One array task as squeue reports it.
 struct TaskState {

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers of hostile input with libFuzzer under AddressSanitizer and UBSan:
 #   spec     experiment specs: parse, profile, --set overrides, validation, sweep expansion
+#   plan     spec to plan: every sweep point validated, the memory model and its OOM replay (dims,
+#            layers, repeats, sweeps), under a tighter memory and time limit than the others
 #   capsule  capsule files: preamble, header, payload hashes, fit to a spec, output comparison
 #   import   `replay --import` of torch.save files (links LibTorch, whose unpickler it reaches)
 # Each target runs for FUZZ_SECONDS (default 60) from its seed corpus tests/fuzz/<target>/ (the
@@ -9,14 +11,14 @@
 # becomes a regression input that the unit tests replay on every run) and fix the cause.
 # Prints one line per target (executions, crashes) and writes them to findings/summary.tsv.
 # Built by scripts/sanitize_build.sh (clang, build-sanitize/, shared with scripts/asan.sh).
-# Env: FUZZ_SECONDS (60), FUZZ_TARGETS ("spec capsule import"), SANITIZE_BUILD_DIR,
+# Env: FUZZ_SECONDS (60), FUZZ_TARGETS ("spec plan capsule import"), SANITIZE_BUILD_DIR,
 #      FUZZ_REPORT_ONLY (targets whose findings are printed and kept but do not fail the script;
 #      scripts/test.sh names `import`, see there).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${SANITIZE_BUILD_DIR:-$root/build-sanitize}
 seconds=${FUZZ_SECONDS:-60}
-targets=(${FUZZ_TARGETS:-spec capsule import})
+targets=(${FUZZ_TARGETS:-spec plan capsule import})
 log() { printf '[fuzz] %s\n' "$*" >&2; }
 
 build_targets=()
@@ -31,13 +33,17 @@ for target in "${targets[@]}"; do
   corpus=$build_dir/corpus/$target  # grows here; tests/fuzz/ holds the seeds only
   mkdir -p "$corpus"
   seeds=("$root/tests/fuzz/$target")
-  [[ $target == spec ]] && seeds+=("$root/experiments" "$root/tests/specs/bad" "$root/tests/cli")
+  [[ $target == spec || $target == plan ]] && seeds+=("$root/experiments" "$root/tests/specs/bad" "$root/tests/cli")
+  # Every input of the planner must plan within 2 GiB and 10 s (the others: 3 GiB, 20 s): a plan
+  # whose memory or time grows with a count in the spec is a finding.
+  limits=(-timeout=20 -rss_limit_mb=3072)
+  [[ $target == plan ]] && limits=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024)
   log "$target: ${seconds}s from ${seeds[*]}"
   output=$build_dir/$target.log
   set +e
   ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:${ASAN_OPTIONS:-}" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
     "$build_dir/tests/fuzz/harness_fuzz_$target" "$corpus" "${seeds[@]}" -max_total_time="$seconds" \
-    -timeout=20 -rss_limit_mb=3072 -max_len=65536 -print_final_stats=1 -artifact_prefix="$findings/$target-" \
+    "${limits[@]}" -max_len=65536 -print_final_stats=1 -artifact_prefix="$findings/$target-" \
     >"$output" 2>&1
   status=$?
   set -e

@@ -198,11 +198,12 @@ TEST_CASE("diff and writeup: bad input exits 2 with a clear message", "[cli][ana
   expect_usage("diff 1 2 --db " + missing, "no db at");
   expect_usage("writeup bwd_fusion --db " + missing, "no db at");
   CHECK_FALSE(fs::exists(missing));
-  // A reading command does not create a db it is pointed at: an empty file is an
-  // empty SQLite db, which `runs` opens and lists as having no runs.
+  // A reading command creates no db where it is pointed, and writes no schema into an empty
+  // file: it says the file is not a harness database and leaves it empty.
   const std::string empty = (runs.dir() / "empty.db").string();
   std::ofstream(empty).close();
-  REQUIRE(runs.harness("runs --db " + empty).exit_code == 0);
-  expect_usage("diff 1 2 --db " + empty, "no runs in");
-  expect_usage("writeup 1 --db " + empty, "no runs in");
+  expect_usage("runs --db " + empty, "an empty file");
+  expect_usage("diff 1 2 --db " + empty, "an empty file");
+  expect_usage("writeup 1 --db " + empty, "an empty file");
+  CHECK(fs::file_size(empty) == 0);
 }

@@ -314,3 +314,22 @@ TEST_CASE("bisect installs with uv when it is there", "[cli][bisect][uv]") {
   CHECK((*probe_of(bisect, "1.3"))["outcome"] == "skip");
   CHECK((*probe_of(bisect, "1.5"))["details"]["env"]["installer"].get<std::string>().rfind("uv", 0) == 0);
 }
+
+TEST_CASE("bisect refuses values that pip or uv would read as options, before anything is installed", "[cli][bisect]") {
+  Sandbox box;
+  const std::string wheels = " --find-links " + fixture().wheels.string() + " --no-index --device cpu --db " + box.db();
+  for (const std::string& args :
+       {std::string("--package=-rrequirements.txt --good 1.0 --bad 1.7"),
+        std::string("--package=--index-url=http://evil.invalid --good 1.0 --bad 1.7"),
+        std::string("--package harness_probe_pkg --good=-e --bad 1.7"),
+        std::string("--package harness_probe_pkg --good 1.0 --bad=--pre"),
+        std::string("--package harness_probe_pkg --good 1.0 --bad 1.7 --versions=1.0,--pre,1.7"),
+        std::string("--package harness_probe_pkg --good 1.0 --bad 1.7 --extra=-rrequirements.txt"),
+        std::string("--package harness_probe_pkg --good 1.0 --bad 1.7 --index-url=--trusted-host=evil.invalid")}) {
+    const Result result = box.harness("bisect " + kProbeSpec + " " + args + wheels);
+    INFO(args << ": " << result.err);
+    CHECK(result.exit_code == 2);
+    CHECK(result.err.find("'-") != std::string::npos);
+    CHECK_FALSE(fs::exists(box.db()));
+  }
+}

@@ -261,3 +261,16 @@ TEST_CASE("a --slurm-dry-run prints a commented batch script and writes nothing"
   CHECK(devices.exit_code == 2);
   CHECK(contains(devices.err, "--gpus-per-task"));
 }
+
+TEST_CASE("a --db path with a newline is refused before it reaches a batch script", "[cli]") {
+  Sandbox box;
+  const fs::path folder = box.dir / "a\ntouch pwned";
+  fs::create_directories(folder);
+  const Result dry =
+      box.harness("run anchor_scaling --device cpu --slurm-dry-run --db '" + (folder / "x.db").string() + "'");
+  INFO(dry.out);
+  CHECK(dry.exit_code == 2);
+  CHECK(contains(dry.err, "--db"));
+  CHECK_FALSE(contains(dry.out, "\ntouch pwned"));
+  CHECK_FALSE(fs::exists(folder / "slurm"));
+}

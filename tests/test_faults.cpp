@@ -237,9 +237,12 @@ TEST_CASE("kill -9 of the parent: the child dies with it and the run is found ab
   const Json listed = Json::parse(runs.out);
   REQUIRE(listed.size() == 1);
   CHECK(listed[0]["status"] == "abandoned");
+  CHECK(Db(box.db()).value("SELECT status FROM runs") == "running");  // a reading command writes nothing
+  // The next run, a writer, marks it.
+  REQUIRE(box.run(run_args(R"({"fused":{"impl":"fused"}})")).exit_code == 0);
   Db db(box.db());
-  CHECK(db.value("SELECT status FROM runs") == "abandoned");  // runs marked it, once
-  CHECK(db.value("SELECT group_concat(variant || ':' || status) FROM trials") == "fused:ok");
+  CHECK(db.value("SELECT status FROM runs WHERE id = 1") == "abandoned");
+  CHECK(db.value("SELECT group_concat(variant || ':' || status) FROM trials WHERE run_id = 1") == "fused:ok");
   check_trials_whole(box.db());
   check_integrity(box.db());
 }
@@ -318,6 +321,48 @@ TEST_CASE("the trial child enforces its own deadline when the parent cannot", "[
   // child having ended while the parent was stopped is what this test is about (child_ended).
   CHECK_FALSE(db.value("SELECT error FROM trials WHERE variant = 'hang'").empty());
   check_integrity(box.db());
+}
+
+// A finished run's capsule is content-addressed: a run going now may be about to store a row for
+// the very same file. Whatever `db prune` removes while a run of the db is going, it keeps the files.
+TEST_CASE("db prune while a run of the db is going deletes no file the run may name", "[faults]") {
+  Sandbox box;
+  const std::string hang = R"({"hang":{"impl":"fused","fault":"hang"}})";
+  // The capsule marker beside a running trial's result file: the capsule is written.
+  const auto capsule_written = [&] {
+    const auto children = box.trial_children("hang");
+    if (children.empty()) return false;
+    std::error_code error;
+    for (const auto& entry : fs::directory_iterator(scratch_of(children.front().second), error))
+      if (entry.path().extension() == ".capsule") return true;
+    return false;
+  };
+  const std::vector<std::string> only_hang = run_args(hang, {"--set", R"(verdict=[{"else":"DONE"}])"});
+  const pid_t first = box.start(only_hang);
+  REQUIRE(eventually(capsule_written));
+  REQUIRE(kill(first, SIGTERM) == 0);
+  CHECK(Sandbox::wait_for(first) == 3);
+  const std::string capsule = Db(box.db()).value("SELECT path FROM artifacts WHERE kind = 'capsule'");
+  REQUIRE_FALSE(capsule.empty());
+  const fs::path capsule_file = box.dir / capsule;
+  REQUIRE(fs::exists(capsule_file));
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // the first run is older than the cutoff
+  const pid_t second = box.start(only_hang);  // the same spec and variant: the same capsule file
+  REQUIRE(eventually(capsule_written));
+  {
+    const auto prune = box.run({"db", "prune", "--older-than", "0s", "--json"});
+    INFO(prune.err);
+    CHECK(prune.exit_code == 0);
+    CHECK(Json::parse(prune.out)["artifacts"] == 1);  // the first run's row goes
+    CHECK(Json::parse(prune.out)["removed_files"] == 0);
+  }
+  CHECK(fs::exists(capsule_file));
+  REQUIRE(kill(second, SIGTERM) == 0);
+  CHECK(Sandbox::wait_for(second) == 3);
+  const auto check = box.run({"db", "check", "--json"});
+  INFO(check.err);
+  CHECK(Json::parse(check.out)["missing_files"].empty());
 }
 
 namespace {

@@ -36,6 +36,10 @@ TEST_CASE("the spec fuzz corpus loads or is refused with SpecError", "[hostile][
   replay_corpus("spec", harness::fuzz::spec_input);
 }
 
+TEST_CASE("the plan fuzz corpus plans or is refused with SpecError", "[hostile][fuzz]") {
+  replay_corpus("plan", harness::fuzz::plan_input);
+}
+
 TEST_CASE("the capsule fuzz corpus reads or is refused with CapsuleError", "[hostile][fuzz]") {
   replay_corpus("capsule", harness::fuzz::capsule_input);
 }

@@ -133,7 +133,10 @@ TEST_CASE("a sweep of 100 000 values is one problem, 1 000 bad values print 50 a
   for (int i = 0; i < 1000; ++i) values.push_back("x" + std::to_string(i));
   spec["sweep"] = {{"dims.anchors", values}};
   const SpecError many = load_error(spec.dump());
-  CHECK(many.issues().size() >= 1000);
+  // Past kMaxIssuesKept problems the later points are not validated; a closing remark says so.
+  CHECK(many.count() > harness::spec::kMaxIssuesKept);
+  CHECK(many.issues().size() <= harness::spec::kMaxIssuesKept + 1);
+  CHECK(many.issues().back().message.find("were not validated") != std::string::npos);
   const std::string text = many.what();
   CHECK(text.find("more problems") != std::string::npos);
   CHECK(static_cast<size_t>(std::count(text.begin(), text.end(), '\n')) == harness::spec::kMaxIssuesShown);
@@ -355,4 +358,60 @@ TEST_CASE("prune removes the capsule rows of old finished runs only", "[hostile]
   REQUIRE(removed.size() == 1);
   CHECK(removed[0].run_id == old_run);
   CHECK(store.list_artifacts().size() == 1);
+}
+
+// --- bounds that are bounds on memory and time -----------------------------------------------------------
+
+TEST_CASE("a NUL byte in JSON text is an error naming its offset", "[hostile][spec]") {
+  const std::string text = std::string("{\"a\": 1}") + std::string(1, '\0') + "garbage";
+  try {
+    harness::parse_json_input(text);
+    FAIL("the text parsed");
+  } catch (const harness::JsonInputError& error) {
+    CHECK_THAT(error.what(), Catch::Contains("NUL"));
+    CHECK_THAT(error.what(), Catch::Contains("offset 8"));
+  }
+}
+
+TEST_CASE("an object of more members than the cap is refused, naming the object", "[hostile][spec]") {
+  std::string text = "{\"params\": {";
+  for (int i = 0; i < 5000; ++i) text += (i ? ",\"k" : "\"k") + std::to_string(i) + "\": 1";
+  text += "}}";
+  try {
+    harness::parse_json_input(text);
+    FAIL("the text parsed");
+  } catch (const harness::JsonInputError& error) {
+    CHECK(error.path() == "params");
+    CHECK_THAT(error.what(), Catch::Contains("members"));
+  }
+}
+
+TEST_CASE("a reader opens a 0-byte file without writing to it", "[hostile][db]") {
+  TempDir dir;
+  const std::string path = dir.file("empty.db");
+  { std::ofstream touch(path); }
+  CHECK_THROWS_AS(harness::db::Store(path, harness::db::Access::read), harness::db::DbError);
+  CHECK(fs::file_size(path) == 0);
+  for (const char* suffix : {"-journal", "-wal", "-shm"}) CHECK_FALSE(fs::exists(path + suffix));
+}
+
+TEST_CASE("a reader leaves an older schema as it is and a writer migrates it", "[hostile][db]") {
+  TempDir dir;
+  const std::string path = dir.file("old.db");
+  harness::db::create_schema_at_version(path, 1);
+  const auto version = [&] {
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK);
+    sqlite3_stmt* statement = nullptr;
+    sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &statement, nullptr);
+    REQUIRE(sqlite3_step(statement) == SQLITE_ROW);
+    const int value = sqlite3_column_int(statement, 0);
+    sqlite3_finalize(statement);
+    sqlite3_close(db);
+    return value;
+  };
+  CHECK_THROWS_WITH(harness::db::Store(path, harness::db::Access::read), Catch::Contains("db migrate"));
+  CHECK(version() == 1);
+  { harness::db::Store writer(path); }
+  CHECK(version() == harness::db::current_schema_version());
 }

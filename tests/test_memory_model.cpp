@@ -190,6 +190,41 @@ TEST_CASE("OOM replay: the founding configuration fails on a score tensor in the
   CHECK_FALSE(mm::predict_oom(real(), "dense", "cuda", int64_t{96} << 30));
 }
 
+TEST_CASE("OOM replay over a million warm-ups and repeats answers as over three, whatever the cap", "[memory_model]") {
+  // The replay stops once the allocator's state repeats: the answer must be the one a replay of
+  // every iteration would give, which for the first three iterations the short spec replays whole.
+  const Spec few = real({"dims.anchors=256", "dims.layers=3", "warmup=1", "repeats=2"});
+  Spec many = few;
+  many.warmup = 1000000;
+  many.repeats = 1000000;
+  for (const char* device : {"cuda", "cpu"}) {
+    for (const char* variant : {"dense", "fused"}) {
+      for (int64_t cap_gib = 1; cap_gib <= 64; cap_gib *= 2) {
+        INFO(device << " " << variant << " cap " << cap_gib << " GiB");
+        const auto short_replay = mm::predict_oom(few, variant, device, cap_gib << 30);
+        const auto long_replay = mm::predict_oom(many, variant, device, cap_gib << 30);
+        REQUIRE(short_replay.has_value() == long_replay.has_value());
+        if (!short_replay) continue;
+        CHECK(short_replay->tensor == long_replay->tensor);
+        CHECK(short_replay->layer == long_replay->layer);
+        CHECK(short_replay->iteration == long_replay->iteration);
+        CHECK(short_replay->requested_bytes == long_replay->requested_bytes);
+        CHECK(short_replay->reserved_bytes == long_replay->reserved_bytes);
+      }
+    }
+  }
+}
+
+TEST_CASE("the memory model refuses dims past their bounds instead of overflowing", "[memory_model]") {
+  Spec spec = real();
+  spec.dims.heads = int64_t{1} << 20;  // what the solver may try; the loader refuses it
+  spec.dims.kv_heads = 1;
+  CHECK_THROWS_AS(mm::predict(spec, "dense", "cuda"), std::invalid_argument);
+  spec = real();
+  spec.layers = 4194304;
+  CHECK_THROWS_AS(mm::predict(spec, "fused", "cpu"), std::invalid_argument);
+}
+
 TEST_CASE("OOM messages: PyTorch's, the harness's, bare sizes, none without a size", "[memory_model]") {
   const auto founding = mm::parse_oom_message("Tried to allocate 15.09 GiB ... 84.07 GiB in use");
   REQUIRE(founding);

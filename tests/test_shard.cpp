@@ -68,7 +68,8 @@ int64_t main_run(Store& store, const std::string& token) {
 // A task's shard with `trials` trials (one metric each; the first with an artifact), as
 // `harness __slurm-task` writes it.
 void write_shard(const std::string& path, int64_t main_run_id, const std::string& token, int task, int attempt,
-                 int trials, bool finished, const json& env) {
+                 int trials, bool finished, const json& env,
+                 const std::string& artifact_path = "harness.db.artifacts/ab.safetensors") {
   Store shard(path, Journal::kRollback);
   Run run;
   run.experiment_id = shard.put_experiment("anchor_scaling", kSpec);
@@ -97,7 +98,7 @@ void write_shard(const std::string& path, int64_t main_run_id, const std::string
       artifact.trial_id = trial.id;
       artifact.kind = "capsule";
       artifact.sha256 = "ab";
-      artifact.path = "artifacts/ab.safetensors";
+      artifact.path = artifact_path;
       shard.add_artifact(artifact);
     }
   }
@@ -251,4 +252,58 @@ TEST_CASE("a shard of an older schema version is refused, naming both versions",
   const std::string message = db_error_of([&] { store.merge_shard(dir.file("old.db")); });
   CHECK(contains(message, "shard schema version"));
   CHECK(contains(message, "this harness writes"));
+}
+
+namespace {
+
+// Runs `sql` on the file at `path` (a hostile edit of a shard).
+void edit(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) == SQLITE_OK);
+  char* message = nullptr;
+  const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &message);
+  INFO(sql << ": " << (message ? message : ""));
+  sqlite3_free(message);
+  sqlite3_close(db);
+  REQUIRE(rc == SQLITE_OK);
+}
+
+}  // namespace
+
+TEST_CASE("a hostile shard is refused with nothing written: paths leaving the artifact folder, a foreign schema, "
+          "broken JSON, dangling or overflowing ids", "[db][shard][hostile]") {
+  TempDir dir;
+  const std::string main_path = dir.file("harness.db");
+  Store store(main_path);
+  const int64_t run_id = main_run(store, "tok");
+  int shards = 0;
+  const auto refused = [&](const std::string& sql, const std::string& artifact_path, const std::string& expected) {
+    const std::string shard = dir.file("task-" + std::to_string(shards) + ".attempt-0.db");
+    write_shard(shard, run_id, "tok", shards++, 0, 2, true, {{"host", "x"}}, artifact_path);
+    if (!sql.empty()) edit(shard, sql);
+    INFO(sql << " " << artifact_path);
+    const std::string message = db_error_of([&] { store.merge_shard(shard); });
+    CHECK(contains(message, expected));
+    CHECK(contains(message, "nothing was merged"));
+    CHECK_THROWS_AS(store.merge_shard(shard), harness::db::ShardRefused);
+  };
+  refused("", "../../victim.txt", "../../victim.txt");
+  refused("", "/etc/passwd", "/etc/passwd");
+  refused("", "harness.db.artifacts/../../victim.txt", "victim.txt");
+  refused("", "other.db.artifacts/ab.safetensors", "other.db.artifacts");
+  refused("ALTER TABLE trials RENAME TO kept; CREATE VIEW trials AS SELECT * FROM kept", "harness.db.artifacts/a", "schema");
+  refused("UPDATE trials SET point = '{not json'", "harness.db.artifacts/a", "JSON");
+  refused("UPDATE metrics SET trial_id = 999", "harness.db.artifacts/a", "trial");
+  refused("PRAGMA foreign_keys = OFF; UPDATE metrics SET trial_id = 9000000000000000000 WHERE trial_id = 1; "
+          "UPDATE artifacts SET trial_id = 9000000000000000000 WHERE trial_id = 1; "
+          "UPDATE trials SET id = 9000000000000000000 WHERE id = 1",
+          "harness.db.artifacts/a", "trial");
+  CHECK(count(main_path, "trials") == 0);
+  CHECK(count(main_path, "metrics") == 0);
+  CHECK(count(main_path, "artifacts") == 0);
+  CHECK(count(main_path, "shard_merges") == 0);
+
+  // The layout older versions wrote (the folder every db shared) still merges.
+  write_shard(dir.file("legacy.db"), run_id, "tok", 40, 0, 1, true, {{"host", "x"}}, "artifacts/ab.safetensors");
+  CHECK(store.merge_shard(dir.file("legacy.db"))[0].artifacts == 1);
 }

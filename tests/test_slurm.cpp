@@ -1,6 +1,8 @@
 // The Slurm command layer without a cluster: squeue's output as this Slurm (22.05) prints it, and
 // the batch script `harness run --slurm` submits.
 
+#include <sstream>
+
 #include "core/errors.h"
 #include "harness/slurm.h"
 #include "tests/catch.h"
@@ -80,4 +82,34 @@ TEST_CASE("the batch script asks for every option, each commented, and quotes pa
     CHECK(at < text.find("\nexec "));
     ++at;
   }
+}
+
+TEST_CASE("no user text in the batch script becomes a line of its own", "[slurm_unit]") {
+  harness::slurm::BatchScript script;
+  script.request.job_name = "harness-x";
+  script.tasks = 1;
+  script.log_dir = "/shared/runs/logs";
+  script.harness = "/shared/bin/harness";
+  script.manifest = "/shared/runs/manifest.json";
+  // A db path with a newline, carried into the comments.
+  script.description = "harness run x --slurm, db /tmp/a\ntouch /tmp/pwned\r\n#SBATCH --wrap=evil\n.db";
+  script.trial_lines = {"task 0: x dims.anchors=\"a\nrm -rf ~\" fused"};
+  const std::string text = harness::slurm::batch_script(script);
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    INFO(line);
+    CHECK(line.find('\r') == std::string::npos);
+    CHECK((line.empty() || line[0] == '#' || line == "set -eu" || line.rfind("exec ", 0) == 0));
+    CHECK(line.rfind("#SBATCH --wrap", 0) != 0);
+  }
+  CHECK(contains(text, "touch /tmp/pwned"));  // kept readable inside its comment
+  // A value that must go on an #SBATCH line or into the command is refused when it cannot be quoted there.
+  for (const std::string& bad : {std::string("/shared/a\nb/logs"), std::string("/shared/a\"b/logs"), std::string("/shared/a\0b", 10)}) {
+    script.log_dir = bad;
+    CHECK_THROWS_AS(harness::slurm::batch_script(script), harness::UsageError);
+  }
+  script.log_dir = "/shared/runs/logs";
+  script.request.partition = "gpu\n#SBATCH --wrap=evil";
+  CHECK_THROWS_AS(harness::slurm::batch_script(script), harness::UsageError);
 }

@@ -410,4 +410,18 @@ TEST_CASE("writeup of a run with an allocator snapshot: its OOM state, named by 
   const std::string broken_md = harness::analysis::render_markdown(broken.document, "report-");
   CHECK(has(broken_md, "cannot be read"));
   CHECK(has(broken_md, "## Failures and replays"));
+
+  // A row edited to name a file outside the db's artifact folder (a db from someone else) is
+  // named, never read, though a readable snapshot lies there.
+  std::filesystem::copy_file(std::string(HARNESS_TEST_DATA_DIR) + "/data/snapshot_synthetic_p2.pickle",
+                             dir.file("outside.snapshot.pickle"));
+  harness::db::Artifact outside = artifact;
+  outside.sha256 = "synthetic-outside";
+  outside.path = "artifacts/../outside.snapshot.pickle";
+  store.add_artifact(outside);
+  const auto edited_detail = harness::analysis::resolve_writeup_target(store, std::to_string(run_id));
+  const auto edited = harness::analysis::build_writeup(store, edited_detail, db_path);
+  const std::string edited_md = harness::analysis::render_markdown(edited.document, "report-");
+  CHECK(has(edited_md, "outside the db's artifact folder"));
+  CHECK_FALSE(has(edited_md, "allocator events"));
 }

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <vector>
 
+#include "experiments/memory_model.h"
 #include "experiments/spec.h"
 #include "experiments/sweep.h"
 #include "replay/capsule_file.h"
@@ -30,7 +31,10 @@ std::string fuzz_scratch_path(const std::string& name) {
   return std::string(dir && *dir ? dir : "/tmp") + "/harness-fuzz-" + std::to_string(getpid()) + "-" + name;
 }
 
-void spec_input(const uint8_t* data, size_t size) {
+namespace {
+
+// A spec input: the spec's text, then optionally a line "#--set" and one override per line.
+std::pair<std::string, spec::LoadOptions> spec_and_overrides(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);
   spec::LoadOptions options;
   options.allow_faults = true;
@@ -46,11 +50,43 @@ void spec_input(const uint8_t* data, size_t size) {
       start = end + 1;
     }
   }
+  return {text, options};
+}
+
+}  // namespace
+
+void spec_input(const uint8_t* data, size_t size) {
+  const auto [text, options] = spec_and_overrides(data, size);
   try {
     const spec::Spec spec = spec::load_spec_text(text, "fuzz.json", options);
     const auto points = spec::sweep_points(spec);
     for (size_t p = 0; p < points.size() && p < 8; ++p) spec::spec_at_point(spec, points[p]);
   } catch (const spec::SpecError&) {
+  }
+}
+
+void plan_input(const uint8_t* data, size_t size) {
+  const auto [text, options] = spec_and_overrides(data, size);
+  spec::Spec spec;
+  try {
+    spec = spec::load_spec_text(text, "fuzz.json", options);
+  } catch (const spec::SpecError&) {
+    return;
+  }
+  // As `harness run` plans: every point a validated spec of its own.
+  const auto points = spec::sweep_points(spec);
+  std::vector<spec::Spec> planned;
+  for (const auto& point : points) planned.push_back(spec::spec_at_point(spec, point));
+  if (spec.kind != "attention_step") return;
+  // As the parent models a trial (model_metrics) and explain-oom replays one under a cap.
+  constexpr int64_t kCap = int64_t{80} << 30;
+  for (size_t p = 0; p < planned.size() && p < 4; ++p) {
+    for (const spec::Variant& variant : planned[p].variants) {
+      for (const char* device : {"cpu", "cuda"}) {
+        memory_model::predict(planned[p], variant.name, device);
+        memory_model::predict_oom(planned[p], variant.name, device, kCap);
+      }
+    }
   }
 }
 

@@ -18,6 +18,14 @@ namespace harness::fuzz {
 //! escape; a valid spec is also expanded into its sweep points.
 void spec_input(const uint8_t* data, size_t size);
 
+//! The planner, spec to plan: the input as spec_input's. A valid spec is expanded into every sweep
+//! point (each a validated spec, as `harness run` plans them), and the first points of an
+//! attention_step spec are modelled as the parent models them: the memory model's prediction for
+//! every variant on the CPU and CUDA allocators, and the OOM replay over every warm-up and repeat
+//! under a cap (explain-oom's). Only spec::SpecError may escape; scripts/fuzz.sh runs it under
+//! libFuzzer's memory and time limits, so a plan whose cost grows with a count is a finding.
+void plan_input(const uint8_t* data, size_t size);
+
 //! Capsule reading and verification: the input is a capsule file. Only replay::CapsuleError may
 //! escape; a readable capsule is also checked against a small spec and compared with itself.
 void capsule_input(const uint8_t* data, size_t size);
