@@ -5,8 +5,8 @@
 #            layers, repeats, sweeps), under a tighter memory and time limit than the others
 #   capsule  capsule files: preamble, header, payload hashes, fit to a spec, output comparison
 #   import   `replay --import` of torch.save files (links LibTorch, whose unpickler it reaches)
-# Each target runs for FUZZ_SECONDS (default 60) from its seed corpus tests/fuzz/<target>/ (the
-# shipped specs and tests/specs/bad are added to the spec seeds). A crash leaves its input in
+# The targets run side by side, each for FUZZ_SECONDS (default 60) from its seed corpus
+# tests/fuzz/<target>/ (the shipped specs and tests/specs/bad are added to the spec seeds). A crash leaves its input in
 # build-sanitize/findings/ and fails the script: copy it into tests/fuzz/<target>/ (it then
 # becomes a regression input that the unit tests replay on every run) and fix the cause.
 # Prints one line per target (executions, crashes) and writes them to findings/summary.tsv.
@@ -27,8 +27,13 @@ for target in "${targets[@]}"; do build_targets+=("harness_fuzz_$target"); done
 
 findings=$build_dir/findings
 mkdir -p "$findings"
-printf 'target\tseconds\texecutions\tcrashes\tcorpus\n' >"$findings/summary.tsv"
-failed=0
+# Findings newer than this stamp are this run's.
+stamp=$findings/.started
+touch "$stamp"
+# The targets run side by side (one process each; libFuzzer's time limit is wall time, so the phase
+# takes FUZZ_SECONDS once, not once per target).
+declare -A pids=()
+trap 'for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done' INT TERM
 for target in "${targets[@]}"; do
   corpus=$build_dir/corpus/$target  # grows here; tests/fuzz/ holds the seeds only
   mkdir -p "$corpus"
@@ -39,17 +44,21 @@ for target in "${targets[@]}"; do
   limits=(-timeout=20 -rss_limit_mb=3072)
   [[ $target == plan ]] && limits=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024)
   log "$target: ${seconds}s from ${seeds[*]}"
-  output=$build_dir/$target.log
-  set +e
   ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:${ASAN_OPTIONS:-}" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
     "$build_dir/tests/fuzz/harness_fuzz_$target" "$corpus" "${seeds[@]}" -max_total_time="$seconds" \
     "${limits[@]}" -max_len=65536 -print_final_stats=1 -artifact_prefix="$findings/$target-" \
-    >"$output" 2>&1
-  status=$?
-  set -e
+    >"$build_dir/$target.log" 2>&1 &
+  pids[$target]=$!
+done
+printf 'target\tseconds\texecutions\tcrashes\tcorpus\n' >"$findings/summary.tsv"
+failed=0
+for target in "${targets[@]}"; do
+  status=0
+  wait "${pids[$target]}" || status=$?
+  output=$build_dir/$target.log
   executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$output" | tail -1)
-  crashes=$(find "$findings" -name "$target-*" -newer "$findings/summary.tsv" | wc -l)
-  printf '%s\t%s\t%s\t%s\t%s\n' "$target" "$seconds" "${executions:-0}" "$crashes" "$(ls "$corpus" | wc -l)" \
+  crashes=$(find "$findings" -name "$target-*" -newer "$stamp" | wc -l)
+  printf '%s\t%s\t%s\t%s\t%s\n' "$target" "$seconds" "${executions:-0}" "$crashes" "$(ls "$build_dir/corpus/$target" | wc -l)" \
     >>"$findings/summary.tsv"
   log "$target: ${executions:-?} executions, $crashes crash(es), exit $status"
   if ((status != 0 || crashes > 0)); then

@@ -17,10 +17,12 @@ phase() {
 }
 phase setup "$root/scripts/setup.sh"
 cd "$build_dir"
-phase ctest ctest --output-on-failure "$@"
+# Side by side, one test per core (CTEST_PARALLEL_LEVEL overrides): tests/CMakeLists.txt marks the
+# one that must run alone and starts the long ones first.
+phase ctest ctest --output-on-failure --parallel "${CTEST_PARALLEL_LEVEL:-$(nproc)}" "$@"
 phase tsan "$root/scripts/tsan.sh"  # ThreadSanitizer over the autotuner and the race experiment (torch-free build-tsan/)
-# AddressSanitizer + UBSan over the torch-free tests, then each fuzz target for FUZZ_SECONDS (60):
-# one clang build (build-sanitize/) serves both (docs/RELIABILITY.md has their figures).
+# AddressSanitizer + UBSan over the torch-free tests, then the three fuzz targets side by side for
+# FUZZ_SECONDS (60): one clang build (build-sanitize/) serves both (docs/RELIABILITY.md has their figures).
 phase asan "$root/scripts/asan.sh"
 # A finding of `spec` or `capsule` (our own parsers) fails the test command: its input goes into
 # tests/fuzz/<target>/ as a regression input. `import` reaches LibTorch's zip reader and unpickler:

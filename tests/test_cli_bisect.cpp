@@ -298,8 +298,7 @@ TEST_CASE("envs list shows the cached envs and prune removes them", "[cli][bisec
 
 TEST_CASE("bisect installs with uv when it is there", "[cli][bisect][uv]") {
   if (shell("command -v uv >/dev/null 2>&1") != 0) {
-    WARN("uv is not in $PATH: the uv installer is not tested here (pip install uv)");
-    return;
+    HARNESS_SKIP("uv is not in $PATH: the uv installer is not tested here (pip install uv)");
   }
   Sandbox box;
   // Its own env cache: the shared one may hold pip-made envs of the same package sets.

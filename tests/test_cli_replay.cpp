@@ -168,8 +168,7 @@ TEST_CASE("a step saved from Python imports, replays and matches the reference",
                                     : "";
   if (python.empty() || !fs::exists(python) ||
       std::system((python + " -c 'import torch' >/dev/null 2>&1").c_str()) != 0) {
-    WARN("skipped: no python with torch at " << python << " (set HARNESS_TEST_PYTHON)");
-    return;
+    HARNESS_SKIP("no python with torch at " << python << " (set HARNESS_TEST_PYTHON)");
   }
   Sandbox box;
   // A causal step (bottom-right aligned, as the harness's masks are), computed by PyTorch's own

@@ -127,7 +127,7 @@ TEST_CASE("every shipped spec and profile loads: no verdict a failed check can f
   CHECK(loaded >= 6);
 }
 
-TEST_CASE("--model fills heads, kv_heads and head_dim after the profile and before --set", "[spec][model]") {
+TEST_CASE("the --model option fills heads, kv_heads and head_dim after the profile and before --set", "[spec][model]") {
   REQUIRE(harness::spec::known_models().size() >= 10);
   for (const char* name : {"Llama-3.1-8B", "Llama-3.1-70B", "Qwen2.5-7B", "Qwen2.5-0.5B", "Qwen3-8B", "Mistral-7B",
                            "Gemma-2-9B", "Phi-3-mini", "Falcon-7B", "DeepSeek-V2-Lite"}) {
