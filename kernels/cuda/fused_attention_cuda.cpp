@@ -50,7 +50,7 @@ struct FusedCudaState : torch::CustomClassHolder {
   std::string mask_kind;      //!< for the autotuner's key
   kc::AttentionShape shape;
   kc::MaskParams mask;
-  at::Tensor anchors, doc_id;
+  at::Tensor anchors, doc_id, bits;
   BlockMask dq_blocks, dkdv_blocks;
   //! The backward's CTA schedules kept with the mask (null under CUDA graph capture): the merged
   //! dK/dV + dQ one of wgmma and mma, and wgmma_atomic's.
@@ -520,6 +520,10 @@ PreparedCall prepare_call(const at::Tensor& q_in, const at::Tensor& k_in, const 
   if (!kc::head_dim_supported(static_cast<int>(head_dim))) {
     throw UnsupportedError("fused_cuda attention: head_dim " + std::to_string(head_dim) + " has no kernel (64 and 128 do)");
   }
+  if (v_in.size(3) != head_dim) {
+    throw UnsupportedError("fused_cuda attention: v's head_dim " + std::to_string(v_in.size(3)) + " differs from q and k's " +
+                           std::to_string(head_dim) + "; the kernels take one head_dim for q, k and v (64 or 128, bf16)");
+  }
   const auto* properties = at::cuda::getDeviceProperties(q_in.device().index());
   if (properties->major != 9) {
     throw UnsupportedError("fused_cuda attention: " + std::string(properties->name) + " is sm_" +
@@ -552,7 +556,8 @@ PreparedCall prepare_call(const at::Tensor& q_in, const at::Tensor& k_in, const 
   state->mask_kind = std::string(mask_kind_name(resolved.kind));
   state->anchors = mask.anchors(q.device());
   state->doc_id = mask.doc_id(q.device());
-  state->mask = kc::mask_params(resolved, state->anchors, state->doc_id, kWho);
+  state->bits = mask.bits(q.device());
+  state->mask = kc::mask_params(resolved, state->anchors, state->doc_id, state->bits, kWho);
 
   kc::TileShape dq_tile, dkdv_tile;
   launch([&] {
