@@ -198,6 +198,22 @@ at::Tensor join_slices(const std::vector<SliceCall>& calls, const std::vector<at
   return rows.size() == 1 ? rows[0] : at::cat(rows, 0);
 }
 
+// Runs a fused implementation. When it has no kernel for the call (dtype, head dim, device), the
+// trace says so and why before the UnsupportedError goes on: no implementation ran, and a trial
+// records the call "unsupported" with this record in its dispatch.
+template <typename Run>
+auto recording_unsupported(const AttentionOptions& options, const char* op, const at::Tensor& q, Run&& run)
+    -> decltype(run()) {
+  try {
+    return run();
+  } catch (const UnsupportedError& error) {
+    if (options.trace) {
+      options.trace->record({op, "unsupported", q.device().str(), std::string("no fused kernel ran: ") + error.what(), ""});
+    }
+    throw;
+  }
+}
+
 //! A sliced mask's calls and the options they run with; kept with the autograd node.
 struct SlicedCalls : torch::CustomClassHolder {
   std::vector<SliceCall> calls;
@@ -288,16 +304,18 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     with_scale.scale = scale;
     return SlicedAttention::apply(q, k, v, sliced_calls(q, k, mask, with_scale));
   }
-  if (q.device().is_cpu()) return fused_attention_cpu(q, k, v, mask, scale, options.cpu_tiles, options.trace);
-  if (q.device().is_cuda()) {
+  return recording_unsupported(options, "attention_fwd", q, [&]() -> at::Tensor {
+    if (q.device().is_cpu()) return fused_attention_cpu(q, k, v, mask, scale, options.cpu_tiles, options.trace);
+    if (q.device().is_cuda()) {
 #ifdef HARNESS_WITH_CUDA_KERNELS
-    return fused_attention_cuda(q, k, v, mask, scale, options.deterministic, options.trace, options.cuda_kernels);
+      return fused_attention_cuda(q, k, v, mask, scale, options.deterministic, options.trace, options.cuda_kernels);
 #else
-    throw UnsupportedError("fused attention on CUDA: this build has no CUDA kernels (configured without a CUDA "
-                           "compiler or with HARNESS_WITH_CUDA=OFF)");
+      throw UnsupportedError("fused attention on CUDA: this build has no CUDA kernels (configured without a CUDA "
+                             "compiler or with HARNESS_WITH_CUDA=OFF)");
 #endif
-  }
-  throw UnsupportedError("fused attention on " + device + ": only CPU and CUDA have fused kernels");
+    }
+    throw UnsupportedError("fused attention on " + device + ": only CPU and CUDA have fused kernels");
+  });
 }
 
 namespace {
@@ -323,13 +341,15 @@ FusedForward fused_attention_forward(const at::Tensor& q, const at::Tensor& k, c
   check_inputs(q, k, v, mask.mask());
   if (mask.mask().sliced()) return sliced_forward(q, k, v, sliced_calls(q, k, mask, options).get());
   const double scale = resolved_scale(q, options);
-  if (q.device().is_cpu()) return fused_attention_cpu_forward(q, k, v, mask, scale, options.cpu_tiles, options.trace);
+  return recording_unsupported(options, "attention_fwd", q, [&]() -> FusedForward {
+    if (q.device().is_cpu()) return fused_attention_cpu_forward(q, k, v, mask, scale, options.cpu_tiles, options.trace);
 #ifdef HARNESS_WITH_CUDA_KERNELS
-  if (q.device().is_cuda()) {
-    return fused_attention_cuda_forward(q, k, v, mask, scale, options.deterministic, options.trace, options.cuda_kernels);
-  }
+    if (q.device().is_cuda()) {
+      return fused_attention_cuda_forward(q, k, v, mask, scale, options.deterministic, options.trace, options.cuda_kernels);
+    }
 #endif
-  no_fused_kernel(q);
+    no_fused_kernel(q);
+  });
 }
 
 FusedGradients fused_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
@@ -347,16 +367,18 @@ FusedGradients fused_attention_backward(const at::Tensor& grad_out, const at::Te
               "attention backward: grad_out, out and lse must be on q's device ", q.device());
   if (mask.mask().sliced()) return sliced_backward(q, k, v, out, lse, grad_out, sliced_calls(q, k, mask, options).get());
   const double scale = resolved_scale(q, options);
-  if (q.device().is_cpu()) {
-    return fused_attention_cpu_backward(grad_out, q, k, v, out, lse, mask, scale, options.cpu_tiles, options.trace);
-  }
+  return recording_unsupported(options, "attention_bwd", q, [&]() -> FusedGradients {
+    if (q.device().is_cpu()) {
+      return fused_attention_cpu_backward(grad_out, q, k, v, out, lse, mask, scale, options.cpu_tiles, options.trace);
+    }
 #ifdef HARNESS_WITH_CUDA_KERNELS
-  if (q.device().is_cuda()) {
-    return fused_attention_cuda_backward(grad_out, q, k, v, out, lse, mask, scale, options.deterministic, options.trace,
-                                         options.cuda_kernels);
-  }
+    if (q.device().is_cuda()) {
+      return fused_attention_cuda_backward(grad_out, q, k, v, out, lse, mask, scale, options.deterministic, options.trace,
+                                           options.cuda_kernels);
+    }
 #endif
-  no_fused_kernel(q);
+    no_fused_kernel(q);
+  });
 }
 
 }  // namespace harness::kernels
