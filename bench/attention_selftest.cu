@@ -96,6 +96,7 @@ struct HostMask {
       case MaskCode::document_causal: return q_abs >= 0 && kv <= q_abs && doc_id[kv] == doc_id[q_abs];
       case MaskCode::sliding_window: return kv <= q_abs && kv > q_abs - window;
       case MaskCode::full: return true;
+      case MaskCode::blockmask: return false;  // not among the self-test's masks (tests/test_attention_cuda.cpp has them)
     }
     return false;
   }

@@ -2,7 +2,11 @@
 """Our fused CUDA attention against every peer at its best: one fresh process per (case, peer).
 
 Peers (--peers, comma list):
-  ours           harness_bench_attention (the harness's attention(), autotuned fused CUDA kernels)
+  ours           harness_bench_attention (the harness's attention(), autotuned fused CUDA kernels); on
+                 a mask no named kind expresses, and on the "-generic" cases, harness.attention(q, k,
+                 v, block_mask) from Python: the generic path (the BlockMask converted to bits once)
+  ours-py        harness.attention from Python with the named mask (DFlashMask, ...): beside the
+                 "-generic" cases' ours, the named path under the same Python timing (not default)
   ours-det       the same with --deterministic 1 (the deterministic backward; not in the default list)
   flex           torch.compile(flex_attention, dynamic=False), default mode (Triton kernels)
   flex-autotune  torch.compile(flex_attention, dynamic=False, mode="max-autotune-no-cudagraphs")
@@ -23,7 +27,13 @@ Timing (each peer the same way): CUDA events around the op only, a 256 MB write 
 synchronization (host overhead hidden, as in triton's do_bench), 3 warm-ups, then --reps timed
 ops: the median and the spread (p10-p90) over them; --repeats N runs each (case, peer) in N fresh
 processes and reports the median of the medians and the spread across processes.
-FLOPs count visible (q, kv) pairs only: fwd 4*pairs*D, bwd 10*pairs*D, over batch and heads.
+FLOPs count visible (q, kv) pairs only: fwd 2*pairs*(D + D_V), bwd 2*pairs*(3 D + 2 D_V) (4*pairs*D
+and 10*pairs*D when D_V = D), over batch and heads.
+
+Masks no named kind expresses (prefix_lm, tree, dilated_window) and the "-generic" cases are
+FlexAttention mask_mods; every peer gets the same mask_mod (ours through harness.attention with the
+BlockMask, which needs the op library: --ops-library, default beside --binary's build). Head-dim
+cases (hd96, hd192v128, hd256) report "cannot run" for a peer without kernels for them.
 
     python3 bench/attention_vs_flex.py --binary BUILD/bench/harness_bench_attention \\
         [--cases dflash-128,dflash-512,causal-128 | all] [--peers ours,flex,flex-autotune,flex-flash,fa4]
@@ -43,7 +53,11 @@ import time
 
 # Real dims of the founding case: 32 heads, 8 KV heads, head_dim 128, context 8192, 4 documents.
 BASE = {"mask": "dflash", "anchors": 128, "context": 8192, "heads": 32, "kv_heads": 8, "head_dim": 128,
-        "documents": 4, "batch": 1, "window": 0}
+        "documents": 4, "batch": 1, "window": 0, "v_head_dim": 0, "generic": False}
+# Masks no named kind expresses: their mask_mods (generic_mask_mod) are their definition, ours runs
+# them through harness.attention(q, k, v, block_mask). Parameters: prefix (prefix_lm), branches
+# (tree), window and dilation (dilated_window).
+GENERIC_KINDS = ("prefix_lm", "tree", "dilated_window")
 
 
 def case(**overrides):
@@ -73,6 +87,20 @@ CASES = {
     "causal-16k": case(mask="causal", anchors=1024, context=0),
     "document_causal-8k": case(mask="document_causal", anchors=512, context=0),
     "sliding_window-8k": case(mask="sliding_window", anchors=512, context=0, window=1024),
+    # The generic path (harness.attention with a BlockMask) on masks no named kind expresses ...
+    "prefix_lm-8k": case(mask="prefix_lm", anchors=512, context=0, prefix=2048),
+    "tree-4x512": case(mask="tree", anchors=128, context=8192, branches=4),
+    "dilated_window-8k": case(mask="dilated_window", anchors=512, context=0, window=512, dilation=2),
+    # ... and on named masks, to set beside the named path (ours-py, and ours on the plain case).
+    "dflash-512-generic": case(anchors=512, generic=True),
+    "document_causal-8k-generic": case(mask="document_causal", anchors=512, context=0, generic=True),
+    # FlashAttention-3's other head dims, and DeepSeek's MLA (q, k in 192, v in 128).
+    "causal-8k-hd96": case(mask="causal", anchors=512, context=0, head_dim=96),
+    "dflash-512-hd96": case(anchors=512, head_dim=96),
+    "causal-8k-hd192v128": case(mask="causal", anchors=512, context=0, head_dim=192, v_head_dim=128),
+    "dflash-512-hd192v128": case(anchors=512, head_dim=192, v_head_dim=128),
+    "causal-8k-hd256": case(mask="causal", anchors=512, context=0, head_dim=256),
+    "dflash-512-hd256": case(anchors=512, head_dim=256),
 }
 DEFAULT_CASES = "dflash-128,dflash-512,causal-128"
 # Tiny dims for --device cpu (plumbing) and --dry-run (mask forms against the reference).
@@ -86,8 +114,11 @@ DRY_CASES = {
     "tiny-document_causal-square": case(mask="document_causal", anchors=8, context=0, documents=3, **TINY),
     "tiny-sliding_window": case(mask="sliding_window", anchors=4, context=90, window=37, **TINY),
     "tiny-full": case(mask="full", anchors=2, context=40, **TINY),
+    "tiny-prefix_lm": case(mask="prefix_lm", anchors=5, context=30, prefix=37, **TINY),
+    "tiny-tree": case(mask="tree", anchors=3, context=50, branches=4, **TINY),
+    "tiny-dilated_window": case(mask="dilated_window", anchors=6, context=20, window=9, dilation=3, **TINY),
 }
-PEERS = ["ours", "flex", "flex-autotune", "flex-flash", "fa4", "ours-det"]
+PEERS = ["ours", "flex", "flex-autotune", "flex-flash", "fa4", "ours-det", "ours-py"]
 DEFAULT_PEERS = "ours,flex,flex-autotune,flex-flash,fa4"  # ours-det: ours with --deterministic 1
 FLEX_PEERS = {"flex": {}, "flex-autotune": {"mode": "max-autotune-no-cudagraphs"},
               "flex-flash": {"kernel_options": {"BACKEND": "FLASH"}}}
@@ -98,9 +129,87 @@ CHECK_TOLERANCE = 3e-2  # max |out - fp32 reference| on sampled rows; bf16 round
 def binary_flags(c):
     """harness_bench_attention's flags for a case."""
     flags = ["--mask", c["mask"]]
-    for key in ("anchors", "context", "heads", "kv_heads", "head_dim", "documents", "batch", "window"):
+    for key in ("anchors", "context", "heads", "kv_heads", "head_dim", "documents", "batch", "window", "v_head_dim"):
         flags += [f"--{key.replace('_', '-')}", str(c[key])]
     return flags
+
+
+def value_head_dim(dims):
+    return dims.get("v_head_dim") or dims["head_dim"]
+
+
+def python_ours(c):
+    """Whether the peer ours runs through harness.attention from Python (a generic mask)."""
+    return c["mask"] in GENERIC_KINDS or c.get("generic", False)
+
+
+def generic_case_mask(c):
+    """The resolved-mask dict of a mask no named kind expresses (queries bottom-right aligned)."""
+    q_len = c["anchors"] * 16
+    mask = {"kind": c["mask"], "q_len": q_len, "kv_len": c["context"] + q_len, "context": c["context"], "block_size": 16,
+            "window": c.get("window", 0), "context_rule": "before_anchor", "in_block": "bidirectional", "anchors": [],
+            "doc_lengths": [c["context"] + q_len]}
+    for key in ("prefix", "branches", "dilation"):
+        if key in c:
+            mask[key] = c[key]
+    return mask
+
+
+def generic_mask_mod(torch, mask, device):
+    """The mask_mod of a mask no named kind expresses (written with tensor ops only: it broadcasts
+    over index tensors, and the FLASH backend's codegen takes it)."""
+    kind, q_len, kv_len = mask["kind"], mask["q_len"], mask["kv_len"]
+    offset = kv_len - q_len
+    if kind == "prefix_lm":
+        prefix = mask["prefix"]
+        return lambda b, h, q_idx, kv_idx: (kv_idx < prefix) | (kv_idx <= q_idx + offset)
+    if kind == "tree":
+        branches = mask["branches"]
+
+        def tree(b, h, q_idx, kv_idx):
+            # Context keys for every node; node 0 the root; node n > 0 on branch (n - 1) % branches,
+            # seeing the root, its branch's earlier nodes and itself.
+            node = kv_idx - offset
+            same_branch = ((node - 1) % branches == (q_idx - 1) % branches) & (node < q_idx) & (q_idx > 0) & (node > 0)
+            return (node < 0) | (node == q_idx) | (node == 0) | same_branch
+
+        return tree
+    if kind == "dilated_window":
+        window, dilation = mask["window"], mask["dilation"]
+
+        def dilated(b, h, q_idx, kv_idx):
+            back = q_idx + offset - kv_idx
+            return (back >= 0) & (back < window * dilation) & (back % dilation == 0)
+
+        return dilated
+    raise ValueError(f"unknown generic mask kind {kind!r}")
+
+
+def generic_reference_rows(torch, mask, q_rows, device):
+    """visible[q, kv] of a generic mask, written apart from its mask_mod (checked against it): the
+    tree by walking parents, the others from their definitions row by row."""
+    kind, q_len, kv_len = mask["kind"], mask["q_len"], mask["kv_len"]
+    offset = kv_len - q_len
+    rows = []
+    for q in q_rows.tolist():
+        row = torch.zeros(kv_len, dtype=torch.bool)
+        q_abs = q + offset
+        if kind == "prefix_lm":
+            row[:max(mask["prefix"], q_abs + 1)] = True
+        elif kind == "dilated_window":
+            for back in range(0, mask["window"] * mask["dilation"], mask["dilation"]):
+                if q_abs - back >= 0:
+                    row[q_abs - back] = True
+        elif kind == "tree":
+            row[:offset] = True
+            node = q
+            while True:  # itself, then each parent: n - branches along the branch, the root after its first node
+                row[offset + node] = True
+                if node == 0:
+                    break
+                node = node - mask["branches"] if node > mask["branches"] else 0
+        rows.append(row)
+    return torch.stack(rows).to(device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,6 +225,8 @@ def reference_rows(torch, mask, q_rows, device):
     """visible[q, kv] for the queries q_rows: ResolvedMask::visible (kernels/mask_desc.cpp) in
     tensor form, written independently of the mask_mods below, which are checked against it."""
     kind, q_len, kv_len = mask["kind"], mask["q_len"], mask["kv_len"]
+    if kind in GENERIC_KINDS:
+        return generic_reference_rows(torch, mask, q_rows, device)
     q = q_rows.to(device=device, dtype=torch.int64)[:, None]
     kv = torch.arange(kv_len, device=device, dtype=torch.int64)[None, :]
     doc = doc_ids(torch, mask, device).to(torch.int64)
@@ -177,6 +288,8 @@ def mask_mod_rewritten(torch, mask, device):
     through arrays padded to the index range (the FLASH backend's CuTe DSL codegen refuses
     clamp). Every flex peer gets this one, so that they run the same mask_mod."""
     kind, q_len, kv_len = mask["kind"], mask["q_len"], mask["kv_len"]
+    if kind in GENERIC_KINDS:
+        return generic_mask_mod(torch, mask, device)
     offset = kv_len - q_len
     if kind == "dflash":
         context, block = mask["context"], mask["block_size"]
@@ -292,15 +405,58 @@ def make_inputs(torch, job, device):
     opts = dict(device=device, dtype=torch.bfloat16)
     q = torch.randn(d["batch"], d["heads"], m["q_len"], d["head_dim"], **opts)
     k = torch.randn(d["batch"], d["kv_heads"], m["kv_len"], d["head_dim"], **opts)
-    v = torch.randn(d["batch"], d["kv_heads"], m["kv_len"], d["head_dim"], **opts)
-    dout = torch.randn(d["batch"], d["heads"], m["q_len"], d["head_dim"], **opts)
+    v = torch.randn(d["batch"], d["kv_heads"], m["kv_len"], value_head_dim(d), **opts)
+    dout = torch.randn(d["batch"], d["heads"], m["q_len"], value_head_dim(d), **opts)
     return q, k, v, dout
+
+
+def harness_mask(torch, harness, mask, device):
+    """The named harness mask of a resolved mask dict (ours-py: the named path from Python)."""
+    kind = mask["kind"]
+    if kind == "dflash":
+        return harness.DFlashMask(torch.tensor(mask["anchors"]), doc_ids(torch, mask, "cpu"), context=mask["context"],
+                                  block_size=mask["block_size"], context_rule=mask["context_rule"],
+                                  in_block=mask["in_block"]).to(device)
+    if kind == "document_causal":
+        return harness.DocumentCausalMask(doc_ids(torch, mask, "cpu")).to(device)
+    if kind == "sliding_window":
+        return harness.SlidingWindowMask(mask["window"]).to(device)
+    return {"causal": harness.CausalMask, "full": harness.FullMask}[kind]().to(device)
+
+
+def import_harness(job):
+    """The harness package of this checkout with the op library of the build (job["ops_library"])."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "python"))
+    import harness
+    try:
+        harness.load_library(job.get("ops_library"))
+    except RuntimeError as error:  # not built: the row says so
+        raise ImportError(str(error)) from None
+    return harness
 
 
 def build_peer(torch, job, q, k, v, device):
     """Returns (call(q, k, v) -> out in [B, H, Q, D], pairs per head the peer's mask sees, note)."""
     peer, mask, d = job["peer"], job["mask"], job["dims"]
     gqa = d["heads"] != d["kv_heads"]
+    if peer in ("ours", "ours-py", "ours-det"):
+        # harness.attention from Python: the BlockMask of the same mask_mod the flex peers get (the
+        # generic path), or with ours-py the named mask. The conversion happens here, untimed.
+        if peer == "ours-det":
+            raise NotImplementedError("ours-det: harness.attention has no deterministic switch; use ours")
+        from torch.nn.attention.flex_attention import create_block_mask, create_mask
+        harness = import_harness(job)
+        if peer == "ours-py":
+            if mask["kind"] in GENERIC_KINDS:
+                raise NotImplementedError(f"ours-py: no named harness mask expresses {mask['kind']} (ours runs it)")
+            ours_mask, note = harness_mask(torch, harness, mask, device), "harness.attention, named mask"
+        else:
+            mod = mask_mod_rewritten(torch, mask, device)
+            block_mask = create_block_mask(mod, None, None, mask["q_len"], mask["kv_len"], device=device, BLOCK_SIZE=128)
+            ours_mask, note = harness.FlexMask.from_block_mask(block_mask).to(device), "harness.attention(BlockMask): generic path"
+        pairs = int(ours_mask.dense(mask["q_len"], mask["kv_len"], device).sum().item())
+        return (lambda a, b, c: harness.attention(a, b, c, ours_mask)), pairs, note
     if peer in FLEX_PEERS:
         from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
         mod = (mask_mod_original if job.get("flex_mask") == "original" else mask_mod_rewritten)(torch, mask, device)
@@ -505,6 +661,8 @@ def run_ours(binary, c, reps, extra, timeout):
 
 
 def ours_row(raw):
+    if raw.get("unsupported"):  # the kernels have none for this shape or dtype
+        return {"peer": "ours", "unsupported": raw["unsupported"][:300], "process_s": raw["wall_s"]}
     fused = next(r for r in raw["results"] if r["impl"] == "fused")
     # The kernels the autotuner picked, from the dispatch configs ("fwd wgmma_m64_n64: ...").
     picked = [d["config"].split(":")[0] for d in fused.get("dispatch", []) if ":" in d.get("config", "")]
@@ -556,10 +714,13 @@ def fmt_ms(stat):
     return f"{stat['median']:.3f} ({stat['p10']:.3f}–{stat['p90']:.3f})"
 
 
-def tflops(stat, pairs, dims, factor):
+def tflops(stat, pairs, dims, op):
+    """Matmul TFLOP/s of visible pairs: fwd 2·(D + D_V), bwd 2·(3 D + 2 D_V) per pair and head."""
     if not stat:
         return None
-    return factor * pairs * dims["batch"] * dims["heads"] * dims["head_dim"] / (stat["median"] * 1e-3) / 1e12
+    d, dv = dims["head_dim"], value_head_dim(dims)
+    per_pair = 2 * (d + dv) if op == "fwd" else 2 * (3 * d + 2 * dv)
+    return per_pair * pairs * dims["batch"] * dims["heads"] / (stat["median"] * 1e-3) / 1e12
 
 
 def markdown(report):
@@ -569,7 +730,7 @@ def markdown(report):
                  f"flash-attn-4 {v.get('flash-attn-4') or 'not installed'}, nvidia-cutlass-dsl {v.get('nvidia-cutlass-dsl') or 'not installed'}; "
                  f"ours at {report.get('commit', '?')}. One fresh process per (case, peer); median (p10–p90) of "
                  f"{report['reps']} ops{' × ' + str(report['repeats']) + ' processes' if report['repeats'] > 1 else ''}, "
-                 "cold L2, back to back. TFLOP/s of visible pairs (fwd 4·pairs·D, bwd 10·pairs·D). "
+                 "cold L2, back to back. TFLOP/s of visible pairs (fwd 2·pairs·(D + D_V), bwd 2·pairs·(3·D + 2·D_V)). "
                  "Speedup = peer ms / ours ms; *best flex* = the faster of flex (default) and flex-autotune, per op.")
     lines.append("")
     lines.append("| case | peer | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | ours fwd speedup | ours bwd speedup | compile s | notes |")
@@ -598,18 +759,19 @@ def markdown(report):
                     speed.append("—")
             compile_s = "/".join(f"{r[k]:.0f}" for k in ("compile_fwd_s", "compile_bwd_s") if r.get(k) is not None) or (
                 f"process {r['process_s']:.0f}" if r.get("process_s") else "—")
-            tf = [tflops(r.get(op), c["pairs_per_head"], c["dims"], f) for op, f in (("fwd", 4), ("bwd", 10))]
+            tf = [tflops(r.get(op), c["pairs_per_head"], c["dims"], op) for op in ("fwd", "bwd")]
             lines.append(f"| {c['case']} | {r['peer']} | {fmt_ms(r.get('fwd'))} | {fmt_ms(r.get('bwd'))} | "
                          + " | ".join(f"{t:.0f} ({100 * t / PEAK_TFLOPS:.0f}%)" if t else "—" for t in tf)
                          + f" | {speed[0]} | {speed[1]} | {compile_s} | {'; '.join(n for n in notes if n)} |")
     lines.append("")
-    lines.append("| case | ours fwd / bwd ms | best flex fwd / bwd ms (mode) | speedup vs best flex fwd / bwd | fastest peer fwd / bwd |")
-    lines.append("|---|---|---|---|---|")
+    lines.append("| case | ours fwd / bwd ms | best flex fwd / bwd ms (mode) | speedup vs best flex fwd / bwd | fastest peer fwd / bwd | generic / named path fwd / bwd |")
+    lines.append("|---|---|---|---|---|---|")
     for c in report["cases"]:
         s = c["summary"]
         if not s:
             continue
-        lines.append(f"| {c['case']} | {s['ours']} | {s['best_flex']} | {s['speedup_best_flex']} | {s['fastest_peer']} |")
+        lines.append(f"| {c['case']} | {s['ours']} | {s['best_flex']} | {s['speedup_best_flex']} | {s['fastest_peer']} | "
+                     f"{s.get('generic_vs_named', '—')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -628,6 +790,11 @@ def summarize_case(rows):
         top = min(peers, key=lambda r: r[op]["median"]) if peers else None
         fastest.append(f"{top['peer']} {top[op]['median'] / ours[op]['median']:.2f}x" if top else "—")
     out.update(best_flex=" / ".join(parts), speedup_best_flex=" / ".join(speed), fastest_peer=" / ".join(fastest))
+    # A "-generic" case: ours is the BlockMask path, ours-py the named one (same Python timing).
+    named = next((r for r in rows if r["peer"] == "ours-py" and r.get("fwd")), None)
+    if named and "generic path" in ours.get("note", ""):
+        out["generic_vs_named"] = " / ".join(f"{ours[op]['median'] / named[op]['median']:.2f}x" if ours.get(op) and named.get(op)
+                                             else "—" for op in ("fwd", "bwd"))
     return out
 
 
@@ -688,11 +855,15 @@ def drive(args):
               "budget_s": args.budget_s, "cases": []}
     for name in cases:
         c = {**CASES, **DRY_CASES}[name]
-        entry = {"case": name, "dims": {k: c[k] for k in ("batch", "heads", "kv_heads", "head_dim")}, "flags": c, "rows": []}
+        entry = {"case": name, "dims": {k: c[k] for k in ("batch", "heads", "kv_heads", "head_dim", "v_head_dim")}, "flags": c,
+                 "rows": []}
         report["cases"].append(entry)
         case_start = time.monotonic()
         try:
-            described = describe(args.describe_binary, c) if args.describe_binary else synthetic_mask(c)
+            if c["mask"] in GENERIC_KINDS:
+                described = generic_described(c)
+            else:
+                described = describe(args.describe_binary, c) if args.describe_binary else synthetic_mask(c)
         except (RuntimeError, subprocess.TimeoutExpired, OSError) as error:
             entry["error"] = str(error)
             print(f"{name}: cannot resolve the mask: {error}", file=sys.stderr, flush=True)
@@ -709,7 +880,7 @@ def drive(args):
                     runs.append({"peer": peer, "error": "skipped: --budget-s spent"})
                     break
                 timeout = min(left, args.run_timeout_s)
-                if peer in ("ours", "ours-det"):
+                if peer in ("ours", "ours-det") and not python_ours(c):
                     extra = args.ours_args.split() + (["--deterministic", "1"] if peer == "ours-det" else [])
                     try:
                         runs.append(dict(ours_row(run_ours(args.binary, c, args.reps, extra, timeout)), peer=peer))
@@ -717,7 +888,8 @@ def drive(args):
                         runs.append({"peer": peer, "error": str(error)[:300]})
                 else:
                     job = {"peer": peer, "case": name, "mask": mask, "dims": entry["dims"], "seed": args.seed,
-                           "reps": args.reps, "device": args.device, "flex_mask": args.flex_mask}
+                           "reps": args.reps, "device": args.device, "flex_mask": args.flex_mask,
+                           "ops_library": args.ops_library}
                     runs.append(run_worker_process(job, timeout))
             row = merge_repeats(runs)
             entry["rows"].append(row)
@@ -750,6 +922,17 @@ def drive(args):
 
 # ---------------------------------------------------------------------------------------------
 # CPU checks (--dry-run) and synthetic masks for --device cpu runs without the binary.
+
+def generic_described(c):
+    """A generic case's mask and pair count (the reference rows, independent of the mask_mod)."""
+    import torch
+    mask = generic_case_mask(c)
+    pairs = 0
+    for start in range(0, mask["q_len"], 1024):
+        rows = torch.arange(start, min(start + 1024, mask["q_len"]))
+        pairs += int(reference_rows(torch, mask, rows, "cpu").sum())
+    return {"mask": mask, "pairs_per_head": pairs}
+
 
 def synthetic_mask(c, seed=0):
     """A resolved mask in harness_bench_attention's format, for CPU checks only: anchors drawn by
@@ -785,7 +968,7 @@ def dry_run():
     from torch.nn.attention.flex_attention import create_mask
     failures = []
     for name, c in DRY_CASES.items():
-        described = synthetic_mask(c, seed=len(name))
+        described = generic_described(c) if c["mask"] in GENERIC_KINDS else synthetic_mask(c, seed=len(name))
         mask = described["mask"]
         if name == "tiny-dflash-through-causal":
             mask.update(context_rule="through_anchor", in_block="causal")
@@ -814,6 +997,8 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(__doc__.splitlines()[1:]))
     parser.add_argument("--binary", help="path of harness_bench_attention (needed for the peer ours and to resolve masks)")
     parser.add_argument("--describe-binary", help="path of harness_mask_describe (default: beside --binary)")
+    parser.add_argument("--ops-library", help="libharness_ops.so for harness.attention from Python (ours on generic "
+                        "masks, ours-py; default: BUILD/python/ beside --binary's BUILD/bench/)")
     parser.add_argument("--cases", default=DEFAULT_CASES, help=f"comma list or all; known: {', '.join(CASES)}")
     parser.add_argument("--peers", default=DEFAULT_PEERS, help=f"comma list or all; known: {', '.join(PEERS)}")
     parser.add_argument("--reps", type=int, default=20, help="timed ops per process (after 3 warm-ups)")
@@ -849,8 +1034,13 @@ def main():
         usage_error("--binary is needed on CUDA (harness_bench_attention: the peer ours)")
     if args.binary and not args.describe_binary:
         args.describe_binary = os.path.join(os.path.dirname(os.path.abspath(args.binary)), "harness_mask_describe")
-    if args.device == "cpu" and {"ours", "ours-det"} & set(selected(args.peers, PEERS, "peer")):
-        usage_error("the peer ours needs CUDA; pick --peers without it for --device cpu")
+    if args.binary and not args.ops_library:
+        args.ops_library = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.binary))), "python",
+                                        "libharness_ops.so")
+    if args.device == "cpu" and {"ours", "ours-det"} & set(selected(args.peers, PEERS, "peer")) and not all(
+            python_ours({**CASES, **DRY_CASES}[name]) for name in selected(args.cases, {**CASES, **DRY_CASES}, "case", CASES)):
+        usage_error("the peer ours needs CUDA on named masks (harness_bench_attention); pick --peers without it for "
+                    "--device cpu, or generic cases only (ours runs them through harness.attention)")
     drive(args)
     return 0
 

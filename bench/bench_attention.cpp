@@ -104,8 +104,8 @@ json bench_impl(const Options& o, AttentionImpl impl, MaskContext& mask, int64_t
   at::manual_seed(static_cast<uint64_t>(o.seed) + 1);
   const at::Tensor q = at::randn({o.batch, o.heads, m.q_len, o.head_dim}, cuda);
   const at::Tensor k = at::randn({o.batch, o.kv_heads, m.kv_len, o.head_dim}, cuda);
-  const at::Tensor v = at::randn({o.batch, o.kv_heads, m.kv_len, o.head_dim}, cuda);
-  const at::Tensor dout = at::randn({o.batch, o.heads, m.q_len, o.head_dim}, cuda);
+  const at::Tensor v = at::randn({o.batch, o.kv_heads, m.kv_len, o.value_head_dim()}, cuda);
+  const at::Tensor dout = at::randn({o.batch, o.heads, m.q_len, o.value_head_dim()}, cuda);
   at::Tensor flush = at::empty({256 << 20}, cuda.dtype(at::kByte));
   DispatchTrace trace;
   AttentionOptions options;
@@ -184,7 +184,11 @@ json bench_impl(const Options& o, AttentionImpl impl, MaskContext& mask, int64_t
   c10::cuda::device_synchronize();
   const int64_t bwd_peak = allocated_peak(device) - before_bwd;
   const double fwd = median(fwd_ms), bwd = median(bwd_ms);
-  const double flop_pairs = static_cast<double>(pairs) * o.batch * o.heads * o.head_dim;
+  // Matmul FLOPs per visible pair and head: fwd QKᵀ (D) and PV (D_V); bwd QKᵀ again, dQ and dK (D),
+  // dP and dV (D_V); 4·D and 10·D when D_V = D.
+  const double pair_heads = static_cast<double>(pairs) * o.batch * o.heads;
+  const double fwd_flops = 2.0 * pair_heads * static_cast<double>(o.head_dim + o.value_head_dim());
+  const double bwd_flops = 2.0 * pair_heads * static_cast<double>(3 * o.head_dim + 2 * o.value_head_dim());
   json records = json::array();
   for (const auto& r : trace.records()) {
     if (records.size() >= 2) break;  // one fwd and one bwd record tell the dispatch
@@ -205,8 +209,8 @@ json bench_impl(const Options& o, AttentionImpl impl, MaskContext& mask, int64_t
           {"phase_bwd_ms", median(phase_bwd_ms)},
           {"fwd_peak_bytes", fwd_peak},
           {"bwd_peak_bytes", bwd_peak},
-          {"fwd_tflops", 4.0 * flop_pairs / (fwd * 1e-3) / 1e12},
-          {"bwd_tflops", 10.0 * flop_pairs / (bwd * 1e-3) / 1e12},
+          {"fwd_tflops", fwd_flops / (fwd * 1e-3) / 1e12},
+          {"bwd_tflops", bwd_flops / (bwd * 1e-3) / 1e12},
           {"dispatch", records}};
 }
 
@@ -232,6 +236,12 @@ int main(int argc, char** argv) {
     MaskContext mask(resolved.mask);
     if (o.impl != "dense") result["results"].push_back(bench_impl(o, AttentionImpl::fused, mask, resolved.pairs));
     if (o.impl != "fused") result["results"].push_back(bench_impl(o, AttentionImpl::dense, mask, resolved.pairs));
+  } catch (const harness::kernels::UnsupportedError& error) {
+    // No kernel for this shape or dtype: a value, as a trial records it (bench/attention_vs_flex.py
+    // shows the row as "cannot run").
+    result["unsupported"] = error.what();
+    std::cout << result.dump() << std::endl;
+    return 0;
   } catch (const std::exception& error) {
     result["error"] = error.what();
     std::cout << result.dump() << std::endl;

@@ -21,6 +21,8 @@ struct CaseOptions {
   std::string impl = "fused";
   std::string fwd_kernel, bwd_kernel;  // CudaKernelChoice: "" = autotuned
   int64_t anchors = 128, context = 8192, heads = 32, kv_heads = 8, head_dim = 128, documents = 4, batch = 1, window = 0;
+  int64_t v_head_dim = 0;  // of v and the output; 0: head_dim
+  int64_t value_head_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   int64_t deterministic = 0;
   uint64_t seed = 0;
   int reps = 20;
@@ -28,7 +30,7 @@ struct CaseOptions {
 
 inline const char* kCaseUsage =
     " [--mask dflash|causal|document_causal|sliding_window|full] [--anchors N] [--context N] [--heads N]"
-    " [--kv-heads N] [--head-dim N] [--documents N] [--window N] [--batch N] [--seed N]";
+    " [--kv-heads N] [--head-dim N] [--v-head-dim N] [--documents N] [--window N] [--batch N] [--seed N]";
 
 [[noreturn]] inline void case_usage(const char* program, const std::string& problem, const std::string& extra) {
   std::cerr << program << ": " << problem << "\nusage: " << program << kCaseUsage << extra << "\n";
@@ -42,7 +44,8 @@ CaseOptions parse_case(int argc, char** argv, const char* program, const std::st
   const std::map<std::string, int64_t*> integers = {
       {"--anchors", &o.anchors},   {"--context", &o.context},     {"--heads", &o.heads},
       {"--kv-heads", &o.kv_heads}, {"--head-dim", &o.head_dim},   {"--documents", &o.documents},
-      {"--batch", &o.batch},       {"--window", &o.window},       {"--deterministic", &o.deterministic}};
+      {"--batch", &o.batch},       {"--window", &o.window},       {"--deterministic", &o.deterministic},
+      {"--v-head-dim", &o.v_head_dim}};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) case_usage(program, "missing value after " + flag, extra_usage);
@@ -86,6 +89,7 @@ inline ResolvedCase resolve_case(const CaseOptions& o) {
   r.geometry.heads = o.heads;
   r.geometry.kv_heads = o.kv_heads;
   r.geometry.head_dim = o.head_dim;
+  r.geometry.v_head_dim = o.v_head_dim;
   r.geometry.anchors = o.anchors;
   r.geometry.context = o.context;
   r.mask = kernels::resolve_mask(r.desc, r.geometry);
@@ -109,7 +113,12 @@ inline nlohmann::json describe_case(const CaseOptions& o, const ResolvedCase& r)
             {"anchors", m.anchors},
             {"doc_lengths", split}}},
           {"dims",
-           {{"batch", o.batch}, {"heads", o.heads}, {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim}, {"anchors", o.anchors}}},
+           {{"batch", o.batch},
+            {"heads", o.heads},
+            {"kv_heads", o.kv_heads},
+            {"head_dim", o.head_dim},
+            {"v_head_dim", o.value_head_dim()},
+            {"anchors", o.anchors}}},
           {"pairs_per_head", r.pairs}};
 }
 

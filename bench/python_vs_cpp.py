@@ -126,14 +126,14 @@ def main():
     leaves = lambda: [t.detach().requires_grad_() for t in (q, k, v)]  # noqa: E731
     py_fwd, py_bwd = time_fwd_bwd(lambda a, b, c: harness.attention(a, b, c, mask), leaves, dout, args.reps)
 
-    kind, params, anchors, doc_id = mask.op_inputs(q.device)
+    kind, params, anchors, doc_id, bits = mask.op_inputs(q.device)
     scale = 1 / math.sqrt(128)
     block_mask = mask.flex_block_mask(q_len, kv_len, device="cuda")
     flex = torch.compile(flex_attention, dynamic=False)
     host = {
         "harness.attention": host_us_per_call(lambda: harness.attention(q, k, v, mask)),
         "torch.ops.harness.fused_attention": host_us_per_call(
-            lambda: torch.ops.harness.fused_attention(q, k, v, kind, params, anchors, doc_id, mask.uid, scale)),
+            lambda: torch.ops.harness.fused_attention(q, k, v, kind, params, anchors, doc_id, bits, mask.uid, scale)),
         "compiled flex_attention": host_us_per_call(lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=True)),
     }
 

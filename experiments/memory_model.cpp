@@ -129,10 +129,11 @@ void free_each(Trace& trace, const Each& ids) {
 // ---- Geometry --------------------------------------------------------------------------------
 
 struct Dims {
-  int64_t batch, heads, kv_heads, head_dim, q_len, kv_len, context, group;
+  int64_t batch = 0, heads = 0, kv_heads = 0, head_dim = 0, q_len = 0, kv_len = 0, context = 0, group = 0;
   std::string dtype;
-  int64_t elem;
-  int64_t layers;
+  int64_t v_head_dim = 0;  //!< of v and the output (and so of grad_out, dv)
+  int64_t elem = 0;
+  int64_t layers = 0;
   kernels::cuda::FwdKernel cuda_fwd = kernels::cuda::kDefaultFwdKernel;  //!< the CUDA forward kernel that runs
   kernels::cuda::BwdKernel cuda_bwd = kernels::cuda::kDefaultBwdKernel;  //!< the CUDA backward kernel that runs
 };
@@ -149,8 +150,20 @@ Dims dims_of(const spec::Spec& spec) {
   if (spec.layers < 1 || spec.layers > spec::kMaxLayers)
     throw std::invalid_argument("memory model: " + std::to_string(spec.layers) + " layers; at most " +
                                 std::to_string(spec::kMaxLayers));
-  return {g.batch, g.heads, g.kv_heads, g.head_dim, g.q_len(), g.kv_len(), g.context, g.heads / g.kv_heads,
-          spec.dtype, element_bytes(spec.dtype), spec.layers};
+  Dims d;
+  d.batch = g.batch;
+  d.heads = g.heads;
+  d.kv_heads = g.kv_heads;
+  d.head_dim = g.head_dim;
+  d.q_len = g.q_len();
+  d.kv_len = g.kv_len();
+  d.context = g.context;
+  d.group = g.heads / g.kv_heads;
+  d.dtype = spec.dtype;
+  d.v_head_dim = g.value_head_dim();
+  d.elem = element_bytes(spec.dtype);
+  d.layers = spec.layers;
+  return d;
 }
 
 // The CUDA kernels' tiles and scratch come from kernels/cuda/tiling.h, the table the launcher
@@ -244,6 +257,9 @@ class StepBuilder {
   std::vector<int64_t> q_shape() const { return {d_.batch, d_.heads, d_.q_len, d_.head_dim}; }
   std::vector<int64_t> kv_shape() const { return {d_.batch, d_.kv_heads, d_.kv_len, d_.head_dim}; }
   std::vector<int64_t> kv_expanded_shape() const { return {d_.batch, d_.heads, d_.kv_len, d_.head_dim}; }
+  std::vector<int64_t> v_shape() const { return {d_.batch, d_.kv_heads, d_.kv_len, d_.v_head_dim}; }
+  std::vector<int64_t> v_expanded_shape() const { return {d_.batch, d_.heads, d_.kv_len, d_.v_head_dim}; }
+  std::vector<int64_t> out_shape() const { return {d_.batch, d_.heads, d_.q_len, d_.v_head_dim}; }
   std::vector<int64_t> scores_shape() const { return {d_.batch, d_.heads, d_.q_len, d_.kv_len}; }
   bool low_precision() const { return d_.elem != 4; }
   bool gqa() const { return d_.group > 1; }
@@ -253,8 +269,8 @@ class StepBuilder {
     const std::string e = std::to_string(d_.elem);
     const int q = trace_.kind("q", q_shape(), dt(), "B·H·Q·D·" + e, "query input of one layer");
     const int k = trace_.kind("k", kv_shape(), dt(), "B·H_KV·KV·D·" + e, "key input of one layer");
-    const int v = trace_.kind("v", kv_shape(), dt(), "B·H_KV·KV·D·" + e, "value input of one layer");
-    const int grad_out = trace_.kind("grad_out", q_shape(), dt(), "B·H·Q·D·" + e, "gradient of one layer's output (backward input)");
+    const int v = trace_.kind("v", v_shape(), dt(), "B·H_KV·KV·D_V·" + e, "value input of one layer");
+    const int grad_out = trace_.kind("grad_out", out_shape(), dt(), "B·H·Q·D_V·" + e, "gradient of one layer's output (backward input)");
     for (int64_t layer = 0; layer < d_.layers; ++layer) {
       trace_.alloc(q, layer);
       trace_.alloc(k, layer);
@@ -271,9 +287,16 @@ class StepBuilder {
       // fused_attention_cuda(): the mask arrays and one BlockMask per kernel tiling, cached.
       const auto& mask = spec_.mask;
       const int64_t anchors = mask.kind == kernels::MaskKind::dflash ? spec_.dims.anchors : 0;
-      const int64_t doc_ids = mask.kind == kernels::MaskKind::dflash ? d_.context : d_.kv_len;
+      // doc_id is filled for every kind but blockmask (kernels/mask_desc.h).
+      const int64_t doc_ids = mask.kind == kernels::MaskKind::dflash      ? d_.context
+                              : mask.kind == kernels::MaskKind::blockmask ? 0
+                                                                          : d_.kv_len;
       trace_.alloc(trace_.kind("anchors", {anchors}, "int32", "anchors·4", "anchor positions on the device"));
       trace_.alloc(trace_.kind("doc_id", {doc_ids}, "int32", "positions·4", "document of each position on the device"));
+      if (mask.kind == kernels::MaskKind::blockmask) {
+        trace_.alloc(trace_.kind("mask bits", {d_.q_len, kernels::blockmask_words(d_.kv_len)}, "int32", "Q·ceil(KV/32)·4",
+                                 "a blockmask's bits on the device (one slice)"));
+      }
       std::set<std::pair<int64_t, int64_t>> built;
       for (const CudaTile& tile : {cuda_fwd_tile(d_), cuda_dq_tile(d_), cuda_dkdv_tile(d_)}) {
         if (!built.insert({tile.block_m, tile.block_n}).second) continue;
@@ -319,7 +342,7 @@ class StepBuilder {
     if (gqa()) {
       k_expanded = trace_.alloc(trace_.kind("k expanded", kv_expanded_shape(), dt(), "B·H·KV·D·" + e,
                                             "keys repeated to the query heads (repeat_interleave)"), layer);
-      v_expanded = trace_.alloc(trace_.kind("v expanded", kv_expanded_shape(), dt(), "B·H·KV·D·" + e,
+      v_expanded = trace_.alloc(trace_.kind("v expanded", v_expanded_shape(), dt(), "B·H·KV·D_V·" + e,
                                             "values repeated to the query heads (repeat_interleave)"), layer);
     }
     // .to(kFloat) copies only from a lower precision; in fp32 the operands are the tensors themselves.
@@ -343,14 +366,14 @@ class StepBuilder {
     s.probabilities = trace_.alloc(scores_kind("probabilities", "softmax output (saved for the backward)"), layer);
     s.v = v_expanded;
     if (low)
-      s.v = trace_.alloc(trace_.kind("v fp32", kv_expanded_shape(), "fp32", "B·H·KV·D·4",
+      s.v = trace_.alloc(trace_.kind("v fp32", v_expanded_shape(), "fp32", "B·H·KV·D_V·4",
                                      "values in fp32 (saved by the probabilities·v matmul)"), layer);
     if (low) {
-      const int out_fp32 = trace_.alloc(trace_.kind("output fp32", q_shape(), "fp32", "B·H·Q·D·4", "probabilities·v in fp32"), layer);
-      s.out = trace_.alloc(trace_.kind("output", q_shape(), dt(), "B·H·Q·D·" + e, "the layer's output (kept by the step)"), layer);
+      const int out_fp32 = trace_.alloc(trace_.kind("output fp32", out_shape(), "fp32", "B·H·Q·D_V·4", "probabilities·v in fp32"), layer);
+      s.out = trace_.alloc(trace_.kind("output", out_shape(), dt(), "B·H·Q·D_V·" + e, "the layer's output (kept by the step)"), layer);
       trace_.free(out_fp32);
     } else {
-      s.out = trace_.alloc(trace_.kind("output", q_shape(), dt(), "B·H·Q·D·" + e, "the layer's output (kept by the step)"), layer);
+      s.out = trace_.alloc(trace_.kind("output", out_shape(), dt(), "B·H·Q·D_V·" + e, "the layer's output (kept by the step)"), layer);
     }
     // Locals of dense_attention() go at its return; the fp32 copies of the expanded keys and
     // values are saved, the expanded bf16 ones are not (unless they are the fp32 operands).
@@ -369,16 +392,16 @@ class StepBuilder {
     Grads g;
     // ToCopy backward of the output: the incoming gradient in fp32.
     const int grad_out_fp32 =
-        low ? trace_.alloc(trace_.kind("grad_out fp32", q_shape(), "fp32", "B·H·Q·D·4", "output gradient in fp32"), layer) : -1;
+        low ? trace_.alloc(trace_.kind("grad_out fp32", out_shape(), "fp32", "B·H·Q·D_V·4", "output gradient in fp32"), layer) : -1;
     // probabilities·v: dV then dP, then the node releases v (the softmax still holds the probabilities).
-    const int dv_wide = trace_.alloc(trace_.kind(low ? "dv expanded fp32" : "dv expanded", kv_expanded_shape(), "fp32",
-                                                 "B·H·KV·D·4", "gradient of the expanded values"), layer);
+    const int dv_wide = trace_.alloc(trace_.kind(low ? "dv expanded fp32" : "dv expanded", v_expanded_shape(), "fp32",
+                                                 "B·H·KV·D_V·4", "gradient of the expanded values"), layer);
     const int grad_probabilities = trace_.alloc(scores_kind("dP", "gradient of the probabilities, dO·vᵀ"), layer);
     trace_.free(grad_out_fp32);
     trace_.free(s.v);
     int dv_expanded = dv_wide;
     if (low) {
-      dv_expanded = trace_.alloc(trace_.kind("dv expanded", kv_expanded_shape(), dt(), "B·H·KV·D·" + e,
+      dv_expanded = trace_.alloc(trace_.kind("dv expanded", v_expanded_shape(), dt(), "B·H·KV·D_V·" + e,
                                              "gradient of the expanded values, waiting for the repeat's backward"), layer);
       trace_.free(dv_wide);
     }
@@ -420,7 +443,7 @@ class StepBuilder {
       // repeat_interleave's backward sums each group of query heads into its kv head.
       g.dk = trace_.alloc(trace_.kind("dk", kv_shape(), dt(), "B·H_KV·KV·D·" + e, "gradient of k (k.grad)"), layer);
       trace_.free(dk_expanded);
-      g.dv = trace_.alloc(trace_.kind("dv", kv_shape(), dt(), "B·H_KV·KV·D·" + e, "gradient of v (v.grad)"), layer);
+      g.dv = trace_.alloc(trace_.kind("dv", v_shape(), dt(), "B·H_KV·KV·D_V·" + e, "gradient of v (v.grad)"), layer);
       trace_.free(dv_expanded);
     }
     return g;
@@ -445,7 +468,7 @@ class StepBuilder {
     Grads g;
     g.dq = trace_.alloc(grad_kind("dq", q_shape(), "B·H·Q·D·"), layer);
     g.dk = trace_.alloc(grad_kind("dk", kv_shape(), "B·H_KV·KV·D·"), layer);
-    g.dv = trace_.alloc(grad_kind("dv", kv_shape(), "B·H_KV·KV·D·"), layer);
+    g.dv = trace_.alloc(grad_kind("dv", v_shape(), "B·H_KV·KV·D_V·"), layer);
     const int scratch = trace_.alloc(trace_.kind("bwd scratch", {cuda_bwd_scratch(d_)}, "uint8",
                                                  "B·H·Q_pad·8 + Q_pad·32 + CTAs·8 + KV·128 (+ B·H·Q_pad·D·4), each 256-aligned",
                                                  "per-row (lse, delta), per-query mask rows, CTA schedule, key mask bits "
@@ -456,7 +479,7 @@ class StepBuilder {
   }
 
   int output_kind() {
-    return trace_.kind("output", q_shape(), dt(), "B·H·Q·D·" + std::to_string(d_.elem), "the layer's output (saved and kept by the step)");
+    return trace_.kind("output", out_shape(), dt(), "B·H·Q·D_V·" + std::to_string(d_.elem), "the layer's output (saved and kept by the step)");
   }
   int lse_kind() {
     return trace_.kind("lse", {d_.batch, d_.heads, d_.q_len}, "fp32", "B·H·Q·4", "log-sum-exp per query row (saved)");
@@ -470,6 +493,7 @@ class StepBuilder {
   struct CpuTiles {
     int64_t block_m, block_n, rows;
     int q_tile, kv_tile, score_tile, row_vector, hidden_tile;
+    int o_tile, v_tile;  //!< the tiles of dO, O and V (with v_head_dim; q_tile and kv_tile when it is head_dim)
   };
   CpuTiles cpu_tiles() {
     CpuTiles t;
@@ -487,14 +511,23 @@ class StepBuilder {
                                "a per-row statistic of one q block (max, sum, lse, delta; per thread)");
     t.hidden_tile = trace_.kind("hidden tile", {t.block_m, t.block_n}, "bool", "block_m·block_n",
                                 "the mask of a partial tile (per thread)");
+    t.o_tile = t.q_tile;
+    t.v_tile = t.kv_tile;
+    if (d_.v_head_dim != d_.head_dim) {
+      t.o_tile = trace_.kind("q-block value tile", {d_.batch, d_.kv_heads, t.rows, d_.v_head_dim}, "fp32", "B·H·block_m·D_V·4",
+                             "a q block of dO, O, the accumulator or P·v, fp32 (per thread)");
+      t.v_tile = trace_.kind("kv-block value tile", {d_.batch, d_.kv_heads, t.block_n, d_.v_head_dim}, "fp32",
+                             "B·H_KV·block_n·D_V·4", "a kv block of v or the dV accumulator, fp32 (per thread)");
+    }
     return t;
   }
   bool has_partial_tiles() const { return spec_.mask.kind != kernels::MaskKind::full; }
   int threads_for(int64_t tasks) const { return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads_, tasks))); }
 
-  // kv_tile_fp32(): keys or values of one tile converted to fp32; in fp32 the slice itself, no copy.
-  Each kv_tiles(const CpuTiles& t, int n, int64_t layer) {
-    return low_precision() ? alloc_each(trace_, t.kv_tile, n, layer) : Each{};
+  // kv_tile_fp32(): keys (or, with `values`, values) of one tile converted to fp32; in fp32 the
+  // slice itself, no copy.
+  Each kv_tiles(const CpuTiles& t, int n, int64_t layer, bool values = false) {
+    return low_precision() ? alloc_each(trace_, values ? t.v_tile : t.kv_tile, n, layer) : Each{};
   }
 
   // One tile of the score matmul (tile_scores()): the kv tile lives until the scores exist, the
@@ -517,15 +550,15 @@ class StepBuilder {
     const Each q_tile = alloc_each(trace_, t.q_tile, n, layer);
     const Each row_max = alloc_each(trace_, t.row_vector, n, layer);
     const Each row_sum = alloc_each(trace_, t.row_vector, n, layer);
-    const Each acc = alloc_each(trace_, t.q_tile, n, layer);
+    const Each acc = alloc_each(trace_, t.o_tile, n, layer);
     const Each probabilities = score_tiles(t, n, layer);
     const Each block_max = alloc_each(trace_, t.row_vector, n, layer);
     const Each new_max = alloc_each(trace_, t.row_vector, n, layer);
     free_each(trace_, block_max);
     const Each correction = alloc_each(trace_, t.row_vector, n, layer);
     free_each(trace_, alloc_each(trace_, t.row_vector, n, layer));  // probabilities.sum()
-    const Each v_tile = kv_tiles(t, n, layer);
-    free_each(trace_, alloc_each(trace_, t.q_tile, n, layer));  // probabilities·v
+    const Each v_tile = kv_tiles(t, n, layer, /*values=*/true);
+    free_each(trace_, alloc_each(trace_, t.o_tile, n, layer));  // probabilities·v
     free_each(trace_, v_tile);
     free_each(trace_, row_max);
     free_each(trace_, correction);
@@ -547,21 +580,21 @@ class StepBuilder {
     const int delta = trace_.alloc(trace_.kind("delta", {d_.batch, d_.heads, d_.q_len, 1}, "fp32", "B·H·Q·4", "rowsum(dO·O)"), layer);
     g.dq = trace_.alloc(grad_kind("dq", q_shape(), "B·H·Q·D·"), layer);
     g.dk = trace_.alloc(grad_kind("dk", kv_shape(), "B·H_KV·KV·D·"), layer);
-    g.dv = trace_.alloc(grad_kind("dv", kv_shape(), "B·H_KV·KV·D·"), layer);
+    g.dv = trace_.alloc(grad_kind("dv", v_shape(), "B·H_KV·KV·D_V·"), layer);
     const CpuTiles t = cpu_tiles();
     // dQ pass, one q block and one kv block per thread: the q block's operands (q, dO, lse, and
     // delta from a copy of O), the dQ accumulator, then P and dS of the tile, then dS·k.
     {
       const int n = threads_for(ceil_div(d_.q_len, t.block_m));
       const Each q_scaled = alloc_each(trace_, t.q_tile, n, layer);
-      const Each grad_out = alloc_each(trace_, t.q_tile, n, layer);
+      const Each grad_out = alloc_each(trace_, t.o_tile, n, layer);
       const Each lse = alloc_each(trace_, t.row_vector, n, layer);
-      const Each out_copy = alloc_each(trace_, t.q_tile, n, layer);
+      const Each out_copy = alloc_each(trace_, t.o_tile, n, layer);
       const Each row_delta = alloc_each(trace_, t.row_vector, n, layer);
       free_each(trace_, out_copy);
       const Each grad_q_acc = alloc_each(trace_, t.q_tile, n, layer);
       const Each probabilities = score_tiles(t, n, layer);
-      const Each v_tile = kv_tiles(t, n, layer);
+      const Each v_tile = kv_tiles(t, n, layer, /*values=*/true);
       const Each grad_scores = alloc_each(trace_, t.score_tile, n, layer);
       free_each(trace_, v_tile);
       free_each(trace_, probabilities);
@@ -575,16 +608,16 @@ class StepBuilder {
     {
       const int n = threads_for(ceil_div(d_.kv_len, t.block_n));
       const Each grad_k_acc = alloc_each(trace_, t.kv_tile, n, layer);
-      const Each grad_v_acc = alloc_each(trace_, t.kv_tile, n, layer);
+      const Each grad_v_acc = alloc_each(trace_, t.v_tile, n, layer);
       const Each q_scaled = alloc_each(trace_, t.q_tile, n, layer);
-      const Each grad_out = alloc_each(trace_, t.q_tile, n, layer);
+      const Each grad_out = alloc_each(trace_, t.o_tile, n, layer);
       const Each lse = alloc_each(trace_, t.row_vector, n, layer);
       const Each row_delta = alloc_each(trace_, t.row_vector, n, layer);
       const Each probabilities = score_tiles(t, n, layer);
-      const Each v_tile = kv_tiles(t, n, layer);
+      const Each v_tile = kv_tiles(t, n, layer, /*values=*/true);
       const Each grad_scores = alloc_each(trace_, t.score_tile, n, layer);
       free_each(trace_, v_tile);
-      free_each(trace_, alloc_each(trace_, t.kv_tile, n, layer));  // Pᵀ·dO
+      free_each(trace_, alloc_each(trace_, t.v_tile, n, layer));  // Pᵀ·dO
       free_each(trace_, alloc_each(trace_, t.kv_tile, n, layer));  // dSᵀ·q
       for (const Each& each : {grad_scores, probabilities, q_scaled, grad_out, lse, row_delta, grad_k_acc, grad_v_acc})
         free_each(trace_, each);

@@ -81,6 +81,7 @@ const Schema& schema() {
                              {"heads", v()},
                              {"kv_heads", v()},
                              {"head_dim", v()},
+                             {"v_head_dim", v()},
                              {"anchors", v()},
                              {"block_size", v()},
                              {"context", v()},
@@ -92,7 +93,9 @@ const Schema& schema() {
                              {"documents", v()},
                              {"doc_lengths", container_node(SchemaNode::Kind::array, v())},
                              {"window", v()},
-                             {"seed", v()}});
+                             {"seed", v()},
+                             {"file", v()},
+                             {"in_capsule", v()}});
     auto variant = object_node(
         {{"impl", v()}, {"fault", v()}, {"kernel", object_node({{"fwd", v()}, {"bwd", v()}})}, {"deterministic", v()}});
     auto clause = object_node({{"if", v()}, {"then", v()}, {"else", v()}});
@@ -136,12 +139,18 @@ const Schema& schema() {
 const std::vector<std::string> kFaults = {"segfault", "abort", "throw", "hang", "oom", "nan", "wrong_dq", "wrong_dk_block"};
 const std::vector<std::string> kScalingModels = {"q_kv", "q_plus_kv", "layers_q_kv", "layers_q_plus_kv"};
 const std::vector<std::string> kDtypes = {"bf16", "fp16", "fp32"};
-const std::vector<int64_t> kHeadDims = {64, 128};
+// FlashAttention-3's head dims. The CPU kernel runs each; the CUDA kernels say at run time which
+// they have (a trial they cannot run is recorded `unsupported`, verdict INVALID).
+const std::vector<int64_t> kHeadDims = {64, 96, 128, 192, 256};
+const std::string kHeadDimsText =
+    "supported: 64, 96, 128, 192, 256 (on the CPU every one, fp32, bf16 and fp16; on CUDA bf16 and fp16, with "
+    "v_head_dim = head_dim or 192/128: other trials there are recorded unsupported, naming what runs)";
 // Outcomes that are not rule results; a rule may not produce them itself.
 const std::vector<std::string> kReservedVerdicts = {"INVALID", "INCONCLUSIVE"};
-constexpr std::array<kernels::MaskKind, 5> kMaskKinds = {kernels::MaskKind::dflash, kernels::MaskKind::causal,
+constexpr std::array<kernels::MaskKind, 6> kMaskKinds = {kernels::MaskKind::dflash, kernels::MaskKind::causal,
                                                          kernels::MaskKind::document_causal,
-                                                         kernels::MaskKind::sliding_window, kernels::MaskKind::full};
+                                                         kernels::MaskKind::sliding_window, kernels::MaskKind::full,
+                                                         kernels::MaskKind::blockmask};
 // Counts that are only counted (documents); the dims' own bounds are in spec.h.
 constexpr int64_t kMaxSize = int64_t{1} << 30;
 // A run's points are planned, validated and stored up front; the sweeps that settled the founding
@@ -407,6 +416,7 @@ bool check_dims(const OrderedJson& doc, Checker& c, Spec& spec) {
   const auto heads = c.integer(*dims, p, "heads", true, 1, positive, kMaxHeads);
   const auto kv_heads = c.integer(*dims, p, "kv_heads", true, 1, positive, kMaxHeads);
   const auto head_dim = c.integer(*dims, p, "head_dim", true, 1, positive, kMaxHeadDim);
+  const auto v_head_dim = c.integer(*dims, p, "v_head_dim", false, 1, positive, kMaxHeadDim);
   const auto anchors = c.integer(*dims, p, "anchors", true, 1, positive, kMaxPositions);
   const auto block_size = c.integer(*dims, p, "block_size", false, 1, positive, kMaxBlockSize);
   g.block_size = block_size.value_or(16);
@@ -422,7 +432,14 @@ bool check_dims(const OrderedJson& doc, Checker& c, Spec& spec) {
   if (head_dim) {
     g.head_dim = *head_dim;
     if (!contains(kHeadDims, *head_dim)) {
-      c.issue("dims.head_dim", "unsupported head_dim " + std::to_string(*head_dim) + "; supported: 64, 128");
+      c.issue("dims.head_dim", "unsupported head_dim " + std::to_string(*head_dim) + "; " + kHeadDimsText);
+    }
+  }
+  if (v_head_dim) {
+    g.v_head_dim = *v_head_dim;
+    if (!contains(kHeadDims, *v_head_dim)) {
+      c.issue("dims.v_head_dim", "unsupported v_head_dim " + std::to_string(*v_head_dim) + " (the head dim of v and the "
+                                 "output; default head_dim); " + kHeadDimsText);
     }
   }
   if (heads && kv_heads && *heads % *kv_heads != 0) {
@@ -436,6 +453,35 @@ bool check_dims(const OrderedJson& doc, Checker& c, Spec& spec) {
     c.issue(g.q_len() > kMaxPositions ? "dims.anchors" : "dims", problem,
             {"dims.batch", "dims.heads", "dims.anchors", "dims.block_size", "dims.context", "dims.head_dim"});
   return c.count() == before;
+}
+
+//! A blockmask's bits come from "file" (a safetensors file; a relative path is taken from the spec
+//! file's folder and made absolute) or, with "in_capsule": true, from the capsule being replayed.
+void check_blockmask_source(const OrderedJson& mask, Checker& c, Spec& spec) {
+  const auto file = c.string(mask, "mask", "file", false);
+  const bool in_capsule = c.boolean(mask, "mask", "in_capsule").value_or(false);
+  if (file && in_capsule) {
+    c.issue("mask.file", "give either file or in_capsule: true, not both", {"mask.in_capsule"});
+    return;
+  }
+  if (!file && !in_capsule) {
+    c.issue("mask.file", "required field is missing: a blockmask needs the file of its bits (a safetensors file with "
+                         "mask.bits, or a BlockMask's mask.kv_num_blocks, mask.kv_indices, ...: experiments/README.md), "
+                         "or in_capsule: true when a replayed capsule carries them",
+            {"mask.type"});
+  }
+  spec.mask.in_capsule = in_capsule;
+  if (!file) return;
+  std::filesystem::path path(*file);
+  if (path.is_relative()) path = std::filesystem::path(spec.source).parent_path() / path;
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error).lexically_normal();
+  if (file->empty() || error || !std::filesystem::is_regular_file(absolute, error)) {
+    c.issue("mask.file", "no such file: " + (file->empty() ? std::string("\"\"") : absolute.string()) +
+                             " (a relative path is taken from the spec file's folder)");
+    return;
+  }
+  spec.mask.file = absolute.string();
 }
 
 void check_mask(const OrderedJson& doc, Checker& c, Spec& spec, bool dims_ok) {
@@ -470,6 +516,18 @@ void check_mask(const OrderedJson& doc, Checker& c, Spec& spec, bool dims_ok) {
     c.issue("mask.window", "window applies only to sliding_window masks, not " + *type, {"mask.type"});
   }
   if (const auto seed = c.seed(*mask, p, "seed")) m.seed = *seed;
+  const bool blockmask = type && m.kind == kernels::MaskKind::blockmask;
+  for (const std::string key : {"file", "in_capsule"}) {
+    if (type && !blockmask && mask->contains(key))
+      c.issue(child(p, key), key + " applies only to blockmask masks, not " + *type, {"mask.type"});
+  }
+  if (blockmask) {
+    check_blockmask_source(*mask, c, spec);
+    for (const std::string key : {"documents", "doc_lengths"}) {
+      if (mask->contains(key)) c.issue(child(p, key), key + " does not apply to blockmask masks (their bits say it all)");
+    }
+    return;
+  }
 
   const auto documents = c.integer(*mask, p, "documents", false, 1, "a positive integer", kMaxSize);
   if (documents) m.documents = *documents;
@@ -905,6 +963,8 @@ Spec validate_point(const OrderedJson& doc, const std::string& source, std::vect
 
   OrderedJson resolved = doc;
   resolved.erase("profiles");
+  // The trial child and a replay read the mask file from the resolved spec, wherever they run from.
+  if (!spec.mask.file.empty()) resolved["mask"]["file"] = spec.mask.file;
   resolved["profile"] = spec.profile;
   resolved["variant_order"] = OrderedJson::array();
   for (const Variant& v : spec.variants) resolved["variant_order"].push_back(v.name);

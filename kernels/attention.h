@@ -4,7 +4,8 @@
 //           correctness oracle).
 //   fused:  flash-style block-sparse attention (online softmax, LSE; backward recomputes P)
 //           on CPU (tiled ATen ops) or CUDA (kernels/cuda), as a torch::autograd::Function.
-// Shapes: q [B, H, Q_LEN, D], k and v [B, H_KV, KV_LEN, D] with H a multiple of H_KV.
+// Shapes: q and k [B, H or H_KV, Q_LEN or KV_LEN, D], v [B, H_KV, KV_LEN, D_V] (D_V may differ from
+// D: DeepSeek's MLA has 192 / 128), H a multiple of H_KV; the output is [B, H, Q_LEN, D_V].
 
 #include <ATen/ATen.h>
 
@@ -43,8 +44,15 @@ class MaskContext {
   //! Anchors (int32) and document ids (int32) on `device`, for kernels that evaluate the mask.
   const at::Tensor& anchors(const at::Device& device);
   const at::Tensor& doc_id(const at::Device& device);
-  //! Dense boolean mask on `device` (cached).
+  //! blockmask: the bits of the slice visible() reads, int32 words [Q_LEN, ceil(KV_LEN / 32)] on
+  //! `device` (cached; kernels/cuda reads them as uint32); an empty tensor for the other kinds.
+  const at::Tensor& bits(const at::Device& device);
+  //! Dense boolean mask on `device` (cached): [Q_LEN, KV_LEN], or [bit_batch, bit_heads, Q_LEN,
+  //! KV_LEN] for a sliced blockmask (it broadcasts over the scores [B, H, Q_LEN, KV_LEN]).
   const at::Tensor& dense(const at::Device& device);
+  //! A sliced mask's context of one slice (ResolvedMask::slice(batch, head)), built once and kept
+  //! (shared: an autograd graph keeps the slices it ran on).
+  std::shared_ptr<MaskContext> slice(int64_t batch, int64_t head);
 
   //! A device buffer kept with the mask, for what the kernels derive from its BlockMasks alone
   //! (their CTA schedules, per launch shape): built by the first call, reused by the next ones.
@@ -61,8 +69,9 @@ class MaskContext {
   ResolvedMask mask_;
   std::mutex mutex_;
   std::map<std::tuple<int64_t, int64_t, std::string>, BlockMask> block_masks_;
-  std::map<std::string, at::Tensor> anchors_, doc_id_, dense_;
+  std::map<std::string, at::Tensor> anchors_, doc_id_, bits_, dense_;
   std::map<std::string, std::shared_ptr<KeptBuffer>> kept_;
+  std::map<int64_t, std::shared_ptr<MaskContext>> slices_;
 };
 
 //! Tiling of the CPU fused kernel (also the BlockMask block sizes it asks for).
@@ -112,7 +121,7 @@ struct AttentionOptions {
   DispatchTrace* trace = nullptr;  //!< where to record the dispatch decision (may be null)
 };
 
-//! What a fused forward returns: out [B, H, Q, D] in q's dtype and the log-sum-exp of every row's
+//! What a fused forward returns: out [B, H, Q, D_V] in q's dtype and the log-sum-exp of every row's
 //! scaled scores, lse [B, H, Q] fp32 (natural log; -inf for a row that sees no key, whose out is 0).
 struct FusedForward {
   at::Tensor out;
@@ -127,7 +136,8 @@ struct FusedGradients {
 };
 
 //! Runs attention with autograd support. Throws UnsupportedError when the requested
-//! implementation does not support the device, dtype or shape.
+//! implementation does not support the device, dtype or shape. A sliced mask (a blockmask that
+//! differs between batch elements or heads) runs one call per slice, recorded in the trace.
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      MaskContext& mask, const AttentionOptions& options);
 

@@ -12,7 +12,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <limits>
@@ -22,6 +21,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/cpu_exp.h"
+#include "kernels/fused_function.h"
 
 namespace harness::kernels {
 
@@ -152,7 +152,7 @@ at::Tensor tile_scores(const at::Tensor& q_scaled, const at::Tensor& k_tile, con
 //! Geometry of the call, and the layout change between [B, H, rows, D] and the grouped
 //! [B, H_KV, G*rows, D] tiles.
 struct Layout {
-  int64_t batch, heads, kv_heads, head_dim;
+  int64_t batch, heads, kv_heads, head_dim, v_head_dim;
   //! Rows q_begin..q_end of `x` [B, H, Q, E] times `scale`, as a new contiguous fp32
   //! [B, H_KV, G*rows, E] (always a copy: callers update it in place).
   at::Tensor grouped(const at::Tensor& x, int64_t q_begin, int64_t q_end, double scale = 1.0) const {
@@ -173,11 +173,11 @@ at::Tensor kv_tile_fp32(const at::Tensor& x, const Tile& tile) {
 
 //! The forward: out in q's dtype and the LSE, without autograd.
 FusedForward cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FusedCpuState* state) {
-  const Layout layout{q.size(0), q.size(1), k.size(1), q.size(3)};
+  const Layout layout{q.size(0), q.size(1), k.size(1), q.size(3), v.size(3)};
   const BlockMask& block_mask = state->block_mask;
   // The output is written tile by tile in the input dtype; only the LSE ([B, H, Q], like the
   // GPU kernels) is kept in fp32.
-  at::Tensor out = at::empty({layout.batch, layout.heads, block_mask.q_len, layout.head_dim}, q.options());
+  at::Tensor out = at::empty({layout.batch, layout.heads, block_mask.q_len, layout.v_head_dim}, q.options());
   at::Tensor lse = at::empty({layout.batch, layout.heads, block_mask.q_len}, q.options().dtype(at::kFloat));
 
   // q blocks are independent: one task each; the ops inside run single-threaded on tiles.
@@ -188,7 +188,7 @@ FusedForward cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
       const at::Tensor q_tile = layout.grouped(q, rows.q_begin, rows.q_end, state->scale);
       at::Tensor row_max = at::full({layout.batch, layout.kv_heads, q_tile.size(2), 1}, kNoMax, q_tile.options());
       at::Tensor row_sum = at::zeros_like(row_max);
-      at::Tensor acc = at::zeros_like(q_tile);
+      at::Tensor acc = at::zeros({layout.batch, layout.kv_heads, q_tile.size(2), layout.v_head_dim}, q_tile.options());
       for (const BlockRef& kv_block : merged_blocks(block_mask.kv_num_blocks, block_mask.kv_indices,
                                                     block_mask.full_kv_num_blocks, block_mask.full_kv_indices, q_block)) {
         const Tile tile = tile_of(block_mask, q_block, kv_block.index);
@@ -222,7 +222,7 @@ FusedGradients cpu_backward(const at::Tensor& q, const at::Tensor& k, const at::
                           "dK/dV pass over transposed q lists",
                           state->config});
   }
-  const Layout layout{q.size(0), q.size(1), k.size(1), q.size(3)};
+  const Layout layout{q.size(0), q.size(1), k.size(1), q.size(3), v.size(3)};
   const BlockMask& block_mask = state->block_mask;
   // Rows that saw nothing have LSE -inf; +inf instead makes P = exp(S - LSE) = 0 for every key
   // (S is -inf or finite there), not exp(-inf + inf) = NaN.
@@ -285,7 +285,8 @@ FusedGradients cpu_backward(const at::Tensor& q, const at::Tensor& k, const at::
       const Tile cols = tile_of(block_mask, 0, kv_block);
       at::Tensor grad_k_acc =
           at::zeros({layout.batch, layout.kv_heads, cols.cols(), layout.head_dim}, k.options().dtype(at::kFloat));
-      at::Tensor grad_v_acc = at::zeros_like(grad_k_acc);
+      at::Tensor grad_v_acc =
+          at::zeros({layout.batch, layout.kv_heads, cols.cols(), layout.v_head_dim}, k.options().dtype(at::kFloat));
       for (const BlockRef& q_block : merged_blocks(block_mask.q_num_blocks, block_mask.q_indices,
                                                    block_mask.full_q_num_blocks, block_mask.full_q_indices, kv_block)) {
         const Tile tile = tile_of(block_mask, q_block.index, kv_block);
@@ -302,25 +303,7 @@ FusedGradients cpu_backward(const at::Tensor& q, const at::Tensor& k, const at::
   return {grad_q, grad_k, grad_v};
 }
 
-class FusedAttentionCpu : public torch::autograd::Function<FusedAttentionCpu> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const c10::intrusive_ptr<FusedCpuState>& state) {
-    FusedForward result = cpu_forward(q, k, v, state.get());
-    ctx->save_for_backward({q, k, v, result.out, result.lse});
-    // saved_data holds IValues only; a capsule carries the state struct without registering a class.
-    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
-    return result.out;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
-    const auto state = c10::static_intrusive_pointer_cast<FusedCpuState>(ctx->saved_data["state"].toCapsule());
-    FusedGradients grads = cpu_backward(saved[0], saved[1], saved[2], saved[3], saved[4], grad_outputs[0], state.get());
-    return {grads.grad_q, grads.grad_k, grads.grad_v, at::Tensor()};
-  }
-};
+using FusedAttentionCpu = FusedFunction<FusedCpuState, cpu_forward, cpu_backward>;
 
 c10::intrusive_ptr<FusedCpuState> make_state(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              MaskContext& mask, double scale, const CpuTileConfig& tiles,

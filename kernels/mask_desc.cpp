@@ -1,6 +1,7 @@
 #include "kernels/mask_desc.h"
 
 #include <algorithm>
+#include <bit>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -17,6 +18,7 @@ constexpr std::pair<MaskKind, std::string_view> kMaskKindNames[] = {
     {MaskKind::document_causal, "document_causal"},
     {MaskKind::sliding_window, "sliding_window"},
     {MaskKind::full, "full"},
+    {MaskKind::blockmask, "blockmask"},
 };
 constexpr std::pair<ContextRule, std::string_view> kContextRuleNames[] = {
     {ContextRule::before_anchor, "before_anchor"},
@@ -98,6 +100,13 @@ struct SlidingWindowRow {
   bool operator()(int64_t kv) const { return kv <= q_abs && kv > q_abs - window; }
 };
 
+// blockmask: one bit per key of the query's row.
+struct BitmapRow {
+  const uint32_t* words;
+  BitmapRow(const ResolvedMask& m, int64_t q) : words(m.bit_row(q)) {}
+  bool operator()(int64_t kv) const { return (words[kv >> 5] >> (kv & 31)) & 1u; }
+};
+
 template <typename Row>
 void fill_row(const Row& row, int64_t kv_begin, int64_t kv_end, bool* out) {
   for (int64_t kv = kv_begin; kv < kv_end; ++kv) out[kv - kv_begin] = row(kv);
@@ -173,6 +182,7 @@ bool ResolvedMask::visible(int64_t q, int64_t kv) const {
     case MaskKind::causal: return CausalRow(*this, q)(kv);
     case MaskKind::document_causal: return DocumentCausalRow(*this, q)(kv);
     case MaskKind::sliding_window: return SlidingWindowRow(*this, q)(kv);
+    case MaskKind::blockmask: return BitmapRow(*this, q)(kv);
   }
   throw std::logic_error("ResolvedMask::visible: unknown mask kind");
 }
@@ -184,12 +194,57 @@ void ResolvedMask::visible_row(int64_t q, int64_t kv_begin, int64_t kv_end, bool
     case MaskKind::causal: return fill_row(CausalRow(*this, q), kv_begin, kv_end, out);
     case MaskKind::document_causal: return fill_row(DocumentCausalRow(*this, q), kv_begin, kv_end, out);
     case MaskKind::sliding_window: return fill_row(SlidingWindowRow(*this, q), kv_begin, kv_end, out);
+    case MaskKind::blockmask: return fill_row(BitmapRow(*this, q), kv_begin, kv_end, out);
   }
   throw std::logic_error("ResolvedMask::visible_row: unknown mask kind");
 }
 
+ResolvedMask ResolvedMask::slice(int64_t batch, int64_t head) const {
+  ResolvedMask one = *this;
+  if (!sliced()) return one;
+  const int64_t index = (batch % bit_batch) * bit_heads + head % bit_heads;
+  one.bit_offset = bit_offset + index * q_len * bit_words;
+  one.bit_batch = 1;
+  one.bit_heads = 1;
+  return one;
+}
+
+ResolvedMask blockmask_mask(int64_t q_len, int64_t kv_len, std::vector<uint32_t> bits, int64_t bit_batch,
+                            int64_t bit_heads) {
+  const std::string where = "mask blockmask: ";
+  if (q_len < 1 || kv_len < 1)
+    invalid(where + "Q_LEN and KV_LEN must be >= 1 (got " + std::to_string(q_len) + ", " + std::to_string(kv_len) + ")");
+  if (bit_batch < 1 || bit_heads < 1)
+    invalid(where + "slice counts must be >= 1 (got batch " + std::to_string(bit_batch) + ", heads " +
+            std::to_string(bit_heads) + ")");
+  const int64_t words = blockmask_words(kv_len);
+  const int64_t expected = bit_batch * bit_heads * q_len * words;
+  if (static_cast<int64_t>(bits.size()) != expected)
+    invalid(where + std::to_string(bits.size()) + " words, but " + std::to_string(bit_batch) + " x " +
+            std::to_string(bit_heads) + " slices of Q_LEN " + std::to_string(q_len) + " rows of ceil(KV_LEN " +
+            std::to_string(kv_len) + " / 32) = " + std::to_string(words) + " words need " + std::to_string(expected));
+  // Keys past kv_len are never visible: the last word of every row keeps its first kv_len % 32 bits.
+  if (const int64_t used = kv_len % 32; used != 0) {
+    const uint32_t keep = (uint32_t{1} << used) - 1;
+    for (std::size_t word = static_cast<std::size_t>(words - 1); word < bits.size(); word += static_cast<std::size_t>(words))
+      bits[word] &= keep;
+  }
+  ResolvedMask mask;
+  mask.kind = MaskKind::blockmask;
+  mask.q_len = q_len;
+  mask.kv_len = kv_len;
+  mask.bit_words = words;
+  mask.bit_batch = bit_batch;
+  mask.bit_heads = bit_heads;
+  mask.bits = std::make_shared<const std::vector<uint32_t>>(std::move(bits));
+  return mask;
+}
+
 ResolvedMask resolve_mask(const MaskDesc& desc, const AttentionGeometry& geometry) {
   const std::string where = "mask " + std::string(mask_kind_name(desc.kind)) + ": ";
+  if (desc.kind == MaskKind::blockmask)
+    invalid(where + "its bits are data, not drawn from a description: load them from its file or capsule "
+                    "(blockmask_mask)");
   if (geometry.block_size < 1) invalid(where + "block_size must be >= 1 (got " + std::to_string(geometry.block_size) + ")");
   if (geometry.anchors < 1) invalid(where + "anchors must be >= 1 (got " + std::to_string(geometry.anchors) + ")");
   if (geometry.context < 0) invalid(where + "context must be >= 0 (got " + std::to_string(geometry.context) + ")");
@@ -249,6 +304,14 @@ ResolvedMask resolve_mask(const MaskDesc& desc, const AttentionGeometry& geometr
 }
 
 int64_t count_visible_pairs(const ResolvedMask& mask) {
+  if (mask.kind == MaskKind::blockmask) {
+    // Bits past kv_len are 0 (blockmask_mask), so every set bit of every slice is a visible pair.
+    const auto begin = mask.bits->begin() + mask.bit_offset;
+    const int64_t slices = mask.bit_batch * mask.bit_heads;
+    int64_t count = 0;
+    for (auto word = begin; word != begin + slices * mask.q_len * mask.bit_words; ++word) count += std::popcount(*word);
+    return count / slices;
+  }
   const auto row = std::make_unique<bool[]>(static_cast<std::size_t>(mask.kv_len));
   int64_t count = 0;
   for (int64_t q = 0; q < mask.q_len; ++q) {

@@ -60,6 +60,7 @@ StepTensors load_step(const CapsuleInfo& info, const spec::Spec& spec) {
   }
   if (const TensorEntry* anchors = info.find("mask.anchors")) step.anchors = to_vector<int64_t>(load_tensor(info, *anchors));
   if (const TensorEntry* doc_id = info.find("mask.doc_id")) step.doc_id = to_vector<int32_t>(load_tensor(info, *doc_id));
+  if (const TensorEntry* bits = info.find("mask.bits")) step.mask_bits = load_tensor(info, *bits);
   if (const TensorEntry* rng = info.find("rng.cpu")) step.cpu_rng_state = load_tensor(info, *rng);
   if (const TensorEntry* rng = info.find("rng.cuda")) step.cuda_rng_state = load_tensor(info, *rng);
   return step;
@@ -77,6 +78,7 @@ NamedTensors step_tensors(const StepTensors& step) {
   if (step.anchors)
     tensors.emplace_back("mask.anchors", at::tensor(*step.anchors, at::TensorOptions().dtype(at::kLong)));
   if (step.doc_id) tensors.emplace_back("mask.doc_id", at::tensor(*step.doc_id, at::TensorOptions().dtype(at::kInt)));
+  if (step.mask_bits.defined()) tensors.emplace_back("mask.bits", step.mask_bits);
   if (step.cpu_rng_state.defined()) tensors.emplace_back("rng.cpu", step.cpu_rng_state);
   if (step.cuda_rng_state.defined()) tensors.emplace_back("rng.cuda", step.cuda_rng_state);
   return tensors;

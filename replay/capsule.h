@@ -39,6 +39,7 @@ struct StepTensors {
   std::vector<at::Tensor> q, k, v, grad_out;  //!< per layer, on the CPU, in the spec's dtype
   std::optional<std::vector<int64_t>> anchors;  //!< dflash anchors, when recorded
   std::optional<std::vector<int32_t>> doc_id;   //!< document of each position, when recorded
+  at::Tensor mask_bits;                         //!< blockmask: int32 [B, H, Q_LEN, words] (undefined otherwise)
   at::Tensor cpu_rng_state;                     //!< the default CPU generator's state (undefined when absent)
   at::Tensor cuda_rng_state;                    //!< the default CUDA generator's state of the trial's device
 };
@@ -49,7 +50,7 @@ struct StepTensors {
 StepTensors load_step(const CapsuleInfo& info, const spec::Spec& spec);
 
 //! The tensors of a step capsule in their recorded names: q.L, k.L, v.L, grad_out.L per layer,
-//! mask.anchors and mask.doc_id when given, rng.cpu and rng.cuda when defined.
+//! mask.anchors, mask.doc_id and mask.bits when given, rng.cpu and rng.cuda when defined.
 NamedTensors step_tensors(const StepTensors& step);
 
 }  // namespace harness::replay

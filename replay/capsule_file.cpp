@@ -546,13 +546,15 @@ void check_step_fits_spec(const CapsuleInfo& info, const spec::Spec& spec) {
   if (spec.kind != "attention_step") problems.push_back("its spec is of kind " + spec.kind + ", not attention_step");
   const auto& d = spec.dims;
   const std::vector<int64_t> q_shape = {d.batch, d.heads, d.q_len(), d.head_dim};
-  const std::vector<int64_t> kv_shape = {d.batch, d.kv_heads, d.kv_len(), d.head_dim};
+  const std::vector<int64_t> k_shape = {d.batch, d.kv_heads, d.kv_len(), d.head_dim};
+  const std::vector<int64_t> v_shape = {d.batch, d.kv_heads, d.kv_len(), d.value_head_dim()};
+  const std::vector<int64_t> grad_out_shape = {d.batch, d.heads, d.q_len(), d.value_head_dim()};
   const char* const kLayerTensors[] = {"q", "k", "v", "grad_out"};
   for (int64_t layer = 0; layer < spec.layers; ++layer) {
     for (const std::string tensor : kLayerTensors) {
       const std::string name = layer_tensor_name(tensor, layer);
       const TensorEntry* entry = info.find(name);
-      const auto& shape = tensor == "k" || tensor == "v" ? kv_shape : q_shape;
+      const auto& shape = tensor == "q" ? q_shape : tensor == "k" ? k_shape : tensor == "v" ? v_shape : grad_out_shape;
       if (!entry) {
         problems.push_back("tensor " + name + " is missing (the spec has " + std::to_string(spec.layers) + " layer" +
                            (spec.layers == 1 ? "" : "s") + ")");
@@ -563,7 +565,7 @@ void check_step_fits_spec(const CapsuleInfo& info, const spec::Spec& spec) {
       if (entry->shape != shape)
         problems.push_back("tensor " + name + " has shape " + shape_text(entry->shape) + " but the spec needs " +
                            shape_text(shape) + " ([batch, " + (tensor == "k" || tensor == "v" ? "kv_heads, KV_LEN" : "heads, Q_LEN") +
-                           ", head_dim] with Q_LEN = anchors x block_size = " + std::to_string(d.q_len()) +
+                           (tensor == "v" || tensor == "grad_out" ? ", v_head_dim]" : ", head_dim]") + " with Q_LEN = anchors x block_size = " + std::to_string(d.q_len()) +
                            ", KV_LEN = context + Q_LEN = " + std::to_string(d.kv_len()) + ")");
     }
   }
@@ -597,6 +599,21 @@ void check_step_fits_spec(const CapsuleInfo& info, const spec::Spec& spec) {
         }
       }
     }
+  }
+  const bool blockmask = spec.mask.kind == kernels::MaskKind::blockmask;
+  if (const TensorEntry* bits = info.find("mask.bits")) {
+    const int64_t words = kernels::blockmask_words(d.kv_len());
+    const auto& shape = bits->shape;
+    if (!blockmask) {
+      problems.push_back("mask.bits is given but the spec's mask is not blockmask");
+    } else if (bits->dtype != "int32" || shape.size() != 4 || (shape[0] != 1 && shape[0] != d.batch) ||
+               (shape[1] != 1 && shape[1] != d.heads) || shape[2] != d.q_len() || shape[3] != words) {
+      problems.push_back("mask.bits is " + bits->dtype + " " + shape_text(shape) + " but the spec needs int32 [1 or " +
+                         std::to_string(d.batch) + ", 1 or " + std::to_string(d.heads) + ", " + std::to_string(d.q_len()) +
+                         ", " + std::to_string(words) + "] (batch, heads, Q_LEN, ceil(KV_LEN / 32))");
+    }
+  } else if (blockmask && spec.mask.in_capsule) {
+    problems.push_back("the spec's blockmask travels in the capsule (mask.in_capsule) but it has no mask.bits");
   }
   if (const TensorEntry* doc_id = info.find("mask.doc_id")) {
     const int64_t length = dflash ? d.context : d.kv_len();

@@ -17,6 +17,7 @@
 #include "core/json_input.h"
 #include "replay/capsule.h"
 #include "replay/mask_fit.h"
+#include "replay/mask_bits.h"
 
 namespace harness::replay {
 namespace {
@@ -25,11 +26,12 @@ namespace fs = std::filesystem;
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
-std::string sizes_text(const at::Tensor& tensor) {
+std::string sizes_text(at::IntArrayRef sizes) {
   std::string text = "[";
-  for (int64_t dim = 0; dim < tensor.dim(); ++dim) text += (dim ? "," : "") + std::to_string(tensor.size(dim));
+  for (size_t dim = 0; dim < sizes.size(); ++dim) text += (dim ? "," : "") + std::to_string(sizes[dim]);
   return text + "]";
 }
+std::string sizes_text(const at::Tensor& tensor) { return sizes_text(tensor.sizes()); }
 
 // The key of a per-layer tensor in the file: "q" when the file has one unnumbered layer, else "q.0", ...
 std::string file_key(const std::string& tensor, int64_t layer, bool indexed) {
@@ -291,10 +293,12 @@ void check_captured_call(const nlohmann::json& meta, int64_t head_dim, const std
   }
 }
 
-//! A mask captured as tables (meta.mask.type "blockmask", python/README.md "Mask tables"): matched to
-//! a named kind (replay/mask_fit.h), whose description, dims and anchors/documents then stand in the
-//! meta and the tensors as if the step had been saved with that mask. The tables' entries are used.
-void fit_captured_mask(std::map<std::string, at::Tensor>& tensors, nlohmann::json& meta, std::set<std::string>& used,
+//! A mask given as tables (meta.mask.type "blockmask", python/README.md "Mask tables"): matched to a
+//! named kind (replay/mask_fit.h), whose description, dims and anchors/documents then stand in the
+//! meta and the tensors as if the step had been saved with that mask, and the tables are dropped.
+//! A mask no named kind reproduces stays a blockmask (its bits are replayed, replay/mask_bits.h); the
+//! meta's `captured_mask_fit` says why no named kind fits. Returns whether a named kind fits.
+bool fit_captured_mask(std::map<std::string, at::Tensor>& tensors, nlohmann::json& meta, std::set<std::string>& used,
                        int64_t q_len, int64_t kv_len, const std::string& where) {
   std::vector<std::pair<std::string, RawTable>> raw;
   for (const char* name : kMaskTableNames) {
@@ -309,11 +313,11 @@ void fit_captured_mask(std::map<std::string, at::Tensor>& tensors, nlohmann::jso
   std::vector<std::string> why_not;
   const std::optional<FittedMask> fitted = fit_named_mask(tables, why_not);
   if (!fitted) {
-    std::string message = where + ": the captured mask is none of the named kinds the kernels run "
-                          "(dflash, causal, full), so the step cannot be replayed on them yet:";
-    for (const auto& reason : why_not) message += "\n  " + reason;
-    throw CapsuleError(message);
+    meta["captured_mask_fit"] = why_not;
+    return false;
   }
+  for (const char* name : kMaskTableNames) tensors.erase(name);
+  tensors.erase("mask.block_size");
   meta["captured_mask"] = meta["mask"];
   meta["mask"] = fitted->mask;
   nlohmann::json& dims = meta["dims"];
@@ -325,6 +329,7 @@ void fit_captured_mask(std::map<std::string, at::Tensor>& tensors, nlohmann::jso
     tensors["anchors"] = at::tensor(fitted->anchor_positions, at::kLong);
     tensors["doc_id"] = at::tensor(fitted->doc_id, at::kInt);
   }
+  return true;
 }
 
 }  // namespace
@@ -428,19 +433,25 @@ ImportedStep import_step_file(const std::string& step_path, const std::string& d
   if (dtype != "bf16" && dtype != "fp16" && dtype != "fp32")
     throw CapsuleError(where + ": q is " + dtype + "; a step is bf16, fp16 or fp32");
   check_captured_call(meta, q0.size(3), where);
-  if (meta.contains("mask") && meta["mask"].is_object() && meta["mask"].value("type", "") == "blockmask")
+  if (meta.contains("mask") && meta["mask"].is_object() && meta["mask"].value("type", "") == "blockmask" &&
+      tensors.count("mask.kv_num_blocks") && !tensors.count("mask.bits"))
     fit_captured_mask(tensors, imported.meta, used, q0.size(2), k0.size(2), where);
 
   const nlohmann::json dims = meta.value("dims", nlohmann::json::object());
   const int64_t q_len = q0.size(2), kv_len = k0.size(2);
-  const int64_t block_size = meta_int(dims, "block_size", 16, where);
+  const at::Tensor& v0 = per_layer["v"][0];
+  // block_size is the dflash draft block; for another mask only Q_LEN = anchors x block_size
+  // matters, so a Q_LEN that 16 does not divide takes blocks of 1.
+  const bool dflash_meta = meta.contains("mask") && meta["mask"].is_object() && meta["mask"].value("type", "") == "dflash";
+  const int64_t block_size = meta_int(dims, "block_size", dflash_meta || q_len % 16 == 0 ? 16 : 1, where);
   if (block_size < 1 || q_len % block_size != 0)
     throw CapsuleError(where + ": Q_LEN " + std::to_string(q_len) + " (q.size(2)) is not a multiple of block_size " +
                        std::to_string(block_size));
   const int64_t anchors = meta_int(dims, "anchors", q_len / block_size, where);
   const int64_t context = meta_int(dims, "context", kv_len - q_len, where);
-  const std::pair<const char*, int64_t> observed[] = {{"batch", q0.size(0)},   {"heads", q0.size(1)},
-                                                      {"kv_heads", k0.size(1)}, {"head_dim", q0.size(3)}};
+  const std::pair<const char*, int64_t> observed[] = {{"batch", q0.size(0)},    {"heads", q0.size(1)},
+                                                      {"kv_heads", k0.size(1)},  {"head_dim", q0.size(3)},
+                                                      {"v_head_dim", v0.dim() == 4 ? v0.size(3) : q0.size(3)}};
   for (const auto& [key, size] : observed)
     if (meta_int(dims, key, size, where) != size)
       problems.push_back(std::string("meta.dims.") + key + " = " + std::to_string(dims[key].get<int64_t>()) +
@@ -451,12 +462,21 @@ ImportedStep import_step_file(const std::string& step_path, const std::string& d
   if (context + q_len != kv_len)
     problems.push_back("meta.dims.context + Q_LEN = " + std::to_string(context + q_len) + " but KV_LEN (k.size(2)) is " +
                        std::to_string(kv_len));
+  // v may have its own head dim (v_head_dim: DeepSeek's MLA has 192 / 128), and grad_out, shaped
+  // like the output, has v's.
+  const int64_t v_head_dim = v0.dim() == 4 ? v0.size(3) : q0.size(3);
+  const std::vector<int64_t> expected_v = {k0.size(0), k0.size(1), k0.size(2), v_head_dim};
+  const std::vector<int64_t> expected_grad = {q0.size(0), q0.size(1), q0.size(2), v_head_dim};
   for (const auto& [name, list] : per_layer) {
-    const at::Tensor& like = name == "k" || name == "v" ? k0 : q0;
+    const std::vector<int64_t> like = name == "k"          ? k0.sizes().vec()
+                                      : name == "v"        ? expected_v
+                                      : name == "grad_out" ? expected_grad
+                                                           : q0.sizes().vec();
     for (size_t layer = 0; layer < list.size(); ++layer) {
       const std::string key = file_key(name, static_cast<int64_t>(layer), indexed);
-      if (list[layer].sizes() != like.sizes())
-        problems.push_back("tensor '" + key + "' is " + sizes_text(list[layer]) + ", expected " + sizes_text(like));
+      if (list[layer].sizes().vec() != like)
+        problems.push_back("tensor '" + key + "' is " + sizes_text(list[layer]) + ", expected " +
+                           sizes_text(like));
       if (list[layer].scalar_type() != q0.scalar_type())
         problems.push_back("tensor '" + key + "' is " + std::string(c10::toString(list[layer].scalar_type())) +
                            " but q is " + c10::toString(q0.scalar_type()));
@@ -464,6 +484,13 @@ ImportedStep import_step_file(const std::string& step_path, const std::string& d
   }
   if (!meta.contains("mask") || !meta["mask"].is_object())
     problems.push_back("meta has no 'mask' object (e.g. {\"type\": \"dflash\", \"documents\": 4})");
+  const bool blockmask = meta.contains("mask") && meta["mask"].is_object() && meta["mask"].value("type", "") == "blockmask";
+  if (blockmask && !has_mask_tensors(tensors))
+    problems.push_back("meta.mask is a blockmask but the file has no mask tensors (mask.bits, or a BlockMask's "
+                       "mask.kv_num_blocks, mask.kv_indices, mask.partial_bits with mask.block_size)");
+  if (!blockmask && has_mask_tensors(tensors))
+    problems.push_back("the file has mask tensors (mask.bits or mask.kv_num_blocks) but meta.mask is not "
+                       "{\"type\": \"blockmask\"}");
   if (!problems.empty()) {
     std::string message = where + ": the step does not fit together:";
     for (const auto& problem : problems) message += "\n  " + problem;
@@ -479,12 +506,14 @@ ImportedStep import_step_file(const std::string& step_path, const std::string& d
         {"heads", q0.size(1)},
         {"kv_heads", k0.size(1)},
         {"head_dim", q0.size(3)},
+        {"v_head_dim", v_head_dim},
         {"anchors", anchors},
         {"block_size", block_size},
         {"context", context},
         {"dtype", dtype},
         {"layers", layers}}},
-      {"mask", meta["mask"]},
+      // A blockmask's bits go into the capsule (mask.bits); its spec says so instead of naming a file.
+      {"mask", blockmask ? nlohmann::json{{"type", "blockmask"}, {"in_capsule", true}} : meta["mask"]},
       {"variants", {{"fused", {{"impl", "fused"}}}, {"dense", {{"impl", "dense"}}}}},
       {"variant_order", {"fused", "dense"}},
       {"measure", {"fwd_peak_bytes", "bwd_peak_bytes", "fwd_ms", "bwd_ms", "max_abs_err", "dispatch"}},
@@ -519,6 +548,9 @@ ImportedStep import_step_file(const std::string& step_path, const std::string& d
     const at::Tensor values = tensors[key].to(at::kInt).flatten();
     step.doc_id = std::vector<int32_t>(values.data_ptr<int32_t>(), values.data_ptr<int32_t>() + values.numel());
   }
+  if (blockmask)
+    step.mask_bits = mask_bits_tensor(
+        mask_from_tensors(tensors, q_len, kv_len, where, &used, meta["mask"].value("block_size", nlohmann::json())));
   NamedTensors outputs;
   for (const std::string name : {"out", "dq", "dk", "dv"}) {
     for (int64_t layer = 0; layer < layers; ++layer) {
@@ -532,7 +564,7 @@ ImportedStep import_step_file(const std::string& step_path, const std::string& d
     if (!used.count(key))
       throw CapsuleError(where + ": unknown entry '" + key +
                          "' (known: q, k, v, grad_out, anchors, doc_id, out, dq, dk, dv, each also as NAME.LAYER, the "
-                         "mask tables mask.kv_num_blocks ... mask.partial_bits with meta.mask.type blockmask, and meta)");
+                         "mask tensors mask.bits, mask.kv_num_blocks ... mask.partial_bits (with meta.mask.type blockmask), ... (replay/README.md), and meta)");
 
   const nlohmann::json header = {{"role", "step"},
                                  {"source", "import"},

@@ -294,13 +294,23 @@ TEST_CASE("attention checks shapes, dtypes and devices at its boundary", "[atten
   CHECK(message(q, at::randn({1, 3, 62, 16}), at::randn({1, 3, 62, 16})).find("multiple of the kv heads") != std::string::npos);
   CHECK(message(q, at::randn({1, 2, 62, 8}), at::randn({1, 2, 62, 8})).find("head_dim") != std::string::npos);
   CHECK(message(q, at::randn({1, 2, 61, 16}), at::randn({1, 2, 61, 16})).find("do not match the mask") != std::string::npos);
-  CHECK(message(q, k, at::randn({1, 2, 62, 8})).find("k and v must have one shape") != std::string::npos);
+  CHECK(message(q, k, at::randn({1, 2, 61, 16})).find("k and v must have one batch, kv heads and KV_LEN") != std::string::npos);
+  CHECK(message(q, k, at::randn({1, 2, 62, 8})).empty());  // v's head dim may differ (v_head_dim)
   CHECK(message(q.to(at::kInt), k.to(at::kInt), k.to(at::kInt)).find("floating point") != std::string::npos);
   // A device with no fused kernels is an unsupported configuration, not a crash.
+  // The trace says why no fused kernel ran.
   const auto meta = at::TensorOptions().device(at::kMeta);
+  DispatchTrace trace;
+  AttentionOptions traced = options;
+  traced.trace = &trace;
   CHECK_THROWS_AS(attention(at::empty({1, 4, 32, 16}, meta), at::empty({1, 2, 62, 16}, meta),
-                            at::empty({1, 2, 62, 16}, meta), mask, options),
+                            at::empty({1, 2, 62, 16}, meta), mask, traced),
                   UnsupportedError);
+  const auto records = trace.records();
+  REQUIRE(records.size() == 1);
+  CHECK(records[0].impl == "unsupported");
+  CHECK(records[0].reason.find("no fused kernel ran: fused attention on meta: only CPU and CUDA have fused kernels") !=
+        std::string::npos);
 }
 
 TEST_CASE("without CUDA kernels, fused on a CUDA tensor is unsupported", "[attention][cuda]") {

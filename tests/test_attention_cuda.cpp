@@ -340,6 +340,61 @@ TEST_CASE("fused_cuda matches the dense reference on awkward shapes", "[cuda][at
   for (const Case& c : cases) check_against_dense(c, seed++);
 }
 
+TEST_CASE("fused_cuda matches the dense reference on masks no named kind expresses (blockmask)", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  // The bits reach every kernel through the device predicate (mask_device.cuh's blockmask rows):
+  // the BlockMask builder, the partial blocks' bit tables and the per-score fallbacks.
+  using harness::test::dilated_window_mask;
+  using harness::test::prefix_lm_mask;
+  using harness::test::tree_mask;
+  const std::vector<Case> cases = {
+      {"prefix-LM, hd 128", 1, 8, 2, 128, prefix_lm_mask(700, 1700, 600)},
+      {"prefix-LM square, hd 64", 2, 4, 1, 64, prefix_lm_mask(1000, 1000, 333)},
+      {"tree of 4 branches after a context of 1000, hd 128", 1, 8, 2, 128, tree_mask(257, 1257)},
+      {"dilated sliding window (64 x 3), hd 64", 1, 4, 2, 64, dilated_window_mask(900, 1900, 64, 3)},
+      {"dilated sliding window (32 x 2) square, hd 128", 1, 4, 4, 128, dilated_window_mask(1111, 1111, 32, 2)},
+  };
+  uint64_t seed = 60;
+  for (const Case& c : cases) check_against_dense(c, seed++);
+}
+
+TEST_CASE("attention() on CUDA runs a per-batch and per-head blockmask one slice at a time", "[cuda][attention]") {
+  if (!have_gpu()) return;
+  const int64_t batch = 2, heads = 4, kv_heads = 2, head_dim = 128, q_len = 300, kv_len = 800;
+  const auto visible = [&](int64_t slice, int64_t q, int64_t kv) { return (kv + q + slice) % (slice + 2) != 0 && kv <= q + 500; };
+  for (const bool per_batch : {true, false}) {
+    const ResolvedMask resolved = harness::test::bits_of(q_len, kv_len, visible, per_batch ? batch : heads, per_batch);
+    INFO((per_batch ? "per batch" : "per head"));
+    MaskContext mask(resolved);
+    at::manual_seed(70);
+    const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+    const at::Tensor q = at::randn({batch, heads, q_len, head_dim}, cuda).to(at::kBFloat16);
+    const at::Tensor k = at::randn({batch, kv_heads, kv_len, head_dim}, cuda).to(at::kBFloat16);
+    const at::Tensor v = at::randn({batch, kv_heads, kv_len, head_dim}, cuda).to(at::kBFloat16);
+    const at::Tensor dout = at::randn({batch, heads, q_len, head_dim}, cuda).to(at::kBFloat16);
+    const auto with = [&](AttentionImpl impl, DispatchTrace* trace) {
+      return [&, impl, trace](auto& a, auto& b, auto& d) {
+        AttentionOptions options;
+        options.impl = impl;
+        options.trace = trace;
+        return attention(a, b, d, mask, options);
+      };
+    };
+    const Grads oracle =
+        run_step(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), dout.to(at::kFloat), with(AttentionImpl::dense, nullptr));
+    const Grads dense = run_step(q, k, v, dout, with(AttentionImpl::dense, nullptr));
+    DispatchTrace trace;
+    const Grads fused = run_step(q, k, v, dout, with(AttentionImpl::fused, &trace));
+    check_close("out", fused.out, dense.out, oracle.out);
+    check_close("dq", fused.dq, dense.dq, oracle.dq);
+    check_close("dk", fused.dk, dense.dk, oracle.dk);
+    check_close("dv", fused.dv, dense.dv, oracle.dv);
+    const auto records = trace.records();
+    REQUIRE(!records.empty());
+    CHECK(records.front().impl == "sliced");
+  }
+}
+
 TEST_CASE("fused_cuda matches the dense reference when a row's max jumps late (sink keys visited last)",
           "[cuda][attention]") {
   if (!have_gpu()) return;

@@ -72,7 +72,8 @@ void check_mask(const NamedMask& named, int64_t block_m, int64_t block_n, const 
   const BlockMask cpu = build_block_mask(named.mask, block_m, block_n);
   MaskContext context(named.mask);
   const BlockMask direct =
-      build_block_mask_cuda(named.mask, block_m, block_n, device, context.anchors(device), context.doc_id(device));
+      build_block_mask_cuda(named.mask, block_m, block_n, device, context.anchors(device), context.doc_id(device),
+                            context.bits(device));
   check_equal(direct, cpu);
   check_equal(context.block_mask(block_m, block_n, device), cpu);
 }
@@ -139,12 +140,13 @@ TEST_CASE("GPU BlockMask build time at the real dims", "[cuda][block_mask][timin
   MaskContext context(mask);
   const at::Tensor& anchors = context.anchors(device);
   const at::Tensor& doc_id = context.doc_id(device);
+  const at::Tensor& bits = context.bits(device);
 
   // Host-visible time of one build including its kernels: synchronize, build, synchronize.
   const auto time_once = [&] {
     at::cuda::getCurrentCUDAStream(device.index()).synchronize();
     const auto start = std::chrono::steady_clock::now();
-    const BlockMask built = build_block_mask_cuda(mask, 128, 128, device, anchors, doc_id);
+    const BlockMask built = build_block_mask_cuda(mask, 128, 128, device, anchors, doc_id, bits);
     at::cuda::getCurrentCUDAStream(device.index()).synchronize();
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   };
@@ -160,7 +162,7 @@ TEST_CASE("GPU BlockMask build time at the real dims", "[cuda][block_mask][timin
   at::cuda::CUDAEvent start_event(cudaEventDefault), stop_event(cudaEventDefault);
   stream.synchronize();
   start_event.record(stream);
-  for (int i = 0; i < 20; ++i) build_block_mask_cuda(mask, 128, 128, device, anchors, doc_id);
+  for (int i = 0; i < 20; ++i) build_block_mask_cuda(mask, 128, 128, device, anchors, doc_id, bits);
   stop_event.record(stream);
   stop_event.synchronize();
   const double enqueued_ms = start_event.elapsed_time(stop_event) / 20;
@@ -174,7 +176,7 @@ TEST_CASE("GPU BlockMask build time at the real dims", "[cuda][block_mask][timin
        << " ms each when enqueued back to back), CPU once " << cpu_ms << " ms, "
        << cpu.partial_pairs() << " partial + " << cpu.full_pairs() << " full pairs of "
        << cpu.num_q_blocks * cpu.num_kv_blocks);
-  check_equal(build_block_mask_cuda(mask, 128, 128, device, anchors, doc_id), cpu);
+  check_equal(build_block_mask_cuda(mask, 128, 128, device, anchors, doc_id, bits), cpu);
 }
 
 #endif  // HARNESS_WITH_CUDA_KERNELS

@@ -155,3 +155,8 @@ TEST_CASE("a variant's CUDA kernel choice is recorded in the trace, not used, on
   REQUIRE(plain.status == "ok");
   for (const auto& record : plain.dispatch) CHECK(record.op != "attention_options");
 }
+
+TEST_CASE("memory model matches the measured CPU peaks with v_head_dim 128 under head_dim 192 (MLA)", "[memory_model]") {
+  check_single_thread({"dims.head_dim=192", "dims.v_head_dim=128", "dims.anchors=8", "dims.context=256",
+                       "mask.type=causal", "block_mask.block_size=32"});
+}

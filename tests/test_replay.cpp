@@ -1,6 +1,9 @@
 // Capsules: the file format round trip, every integrity failure named (never a crash), the trial
 // child's capsule (written before the step, kept on failure, dropped on success), NaN/Inf
-// detection, replaying a capsule, and importing a step saved with torch.save.
+// detection, replaying a capsule, and importing a step saved with torch.save. The blockmask kind
+// outside Python: mask files in both forms (packed bits, a BlockMask's lists with partial tiles),
+// a spec that names one run as a trial (v_head_dim apart from head_dim, fp16), its capsule
+// carrying the bits, and the replay of that capsule.
 
 #include <ATen/ATen.h>
 #include <ftw.h>
@@ -14,9 +17,12 @@
 
 #include "trials/attention_step.h"
 #include "experiments/spec.h"
+#include "kernels/block_mask.h"
 #include "replay/capsule.h"
 #include "replay/import.h"
+#include "replay/mask_bits.h"
 #include "tests/catch.h"
+#include "tests/mask_cases.h"
 
 using namespace harness;
 
@@ -79,6 +85,43 @@ std::string error_of(const std::function<void()>& action) {
     return error.what();
   }
   return "";
+}
+
+std::string write_mask_file(const TempDir& dir, const replay::NamedTensors& tensors) {
+  return replay::write_capsule(dir.path, {{"role", "mask"}}, tensors, ".safetensors").path;
+}
+
+// A mask's BlockMask at (q_block, kv_block), as FlexAttention keeps it: per q block the partial and
+// the full kv blocks, and the partial blocks' tiles in list order.
+replay::NamedTensors block_form(const kernels::ResolvedMask& mask, int64_t q_block, int64_t kv_block) {
+  const at::Tensor dense = kernels::dense_mask(mask);
+  const int64_t q_blocks = (mask.q_len + q_block - 1) / q_block, kv_blocks = (mask.kv_len + kv_block - 1) / kv_block;
+  const at::Tensor padded =
+      at::constant_pad_nd(dense, {0, kv_blocks * kv_block - mask.kv_len, 0, q_blocks * q_block - mask.q_len}, 0);
+  at::Tensor counts = at::zeros({1, 1, q_blocks}, at::kInt), lists = at::zeros({1, 1, q_blocks, kv_blocks}, at::kInt);
+  at::Tensor full_counts = at::zeros_like(counts), full_lists = at::zeros_like(lists);
+  std::vector<at::Tensor> tiles;
+  for (int64_t qb = 0; qb < q_blocks; ++qb) {
+    int32_t partial = 0, full = 0;
+    for (int64_t kvb = 0; kvb < kv_blocks; ++kvb) {
+      const at::Tensor tile = padded.narrow(0, qb * q_block, q_block).narrow(1, kvb * kv_block, kv_block);
+      const int64_t seen = tile.sum().item<int64_t>();
+      if (seen == tile.numel()) {
+        full_lists[0][0][qb][full++] = static_cast<int32_t>(kvb);
+      } else if (seen > 0) {
+        lists[0][0][qb][partial++] = static_cast<int32_t>(kvb);
+        tiles.push_back(tile);
+      }
+    }
+    counts[0][0][qb] = partial;
+    full_counts[0][0][qb] = full;
+  }
+  return {{"mask.kv_num_blocks", counts},
+          {"mask.kv_indices", lists},
+          {"mask.full_kv_num_blocks", full_counts},
+          {"mask.full_kv_indices", full_lists},
+          {"mask.block_size", at::tensor(std::vector<int64_t>{q_block, kv_block})},
+          {"mask.partial_bits", at::stack(tiles)}};
 }
 
 void overwrite_byte(const std::string& path, int64_t offset) {
@@ -428,4 +471,91 @@ TEST_CASE("a version 1 capsule still verifies and replays", "[replay][migration]
   const auto comparisons = replay::compare_outputs(outputs[0], outputs[1]);
   REQUIRE(comparisons.size() == 8);  // out, dq, dk, dv of 2 layers
   for (const auto& c : comparisons) CHECK(c.bitwise_equal);
+}
+
+TEST_CASE("a mask file of packed bits or of a BlockMask's lists loads as the same blockmask", "[replay][blockmask]") {
+  TempDir dir;
+  const kernels::ResolvedMask tree = test::tree_mask(53, 153);
+  const std::string packed = write_mask_file(dir, {{"mask.bits", replay::mask_bits_tensor(tree)}});
+  const kernels::ResolvedMask from_bits = replay::load_mask_file(packed, 53, 153);
+  const kernels::ResolvedMask from_lists = replay::load_mask_file(write_mask_file(dir, block_form(tree, 32, 48)), 53, 153);
+  CHECK(*from_bits.bits == *tree.bits);
+  CHECK(*from_lists.bits == *tree.bits);
+
+  // Slices that are all alike collapse to one; slices that differ stay.
+  const at::Tensor two = at::cat({replay::mask_bits_tensor(tree), replay::mask_bits_tensor(tree)}, 0);
+  CHECK_FALSE(replay::load_mask_file(write_mask_file(dir, {{"mask.bits", two}}), 53, 153).sliced());
+  at::Tensor differ = two.clone();
+  differ[1][0][7][0] = differ[1][0][7][0].bitwise_xor(1);
+  const kernels::ResolvedMask sliced = replay::load_mask_file(write_mask_file(dir, {{"mask.bits", differ}}), 53, 153);
+  CHECK(sliced.bit_batch == 2);
+  CHECK(sliced.slice(1, 0).visible(7, 0) != tree.visible(7, 0));
+
+  // Wrong sizes and missing pieces are named.
+  CHECK(error_of([&] { replay::load_mask_file(packed, 53, 200); }).find("need int32 [batch, heads, 53, 7]") != std::string::npos);
+  replay::NamedTensors short_tiles = block_form(tree, 32, 48);
+  short_tiles.back().second = short_tiles.back().second.narrow(0, 1, short_tiles.back().second.size(0) - 1);
+  CHECK(error_of([&] { replay::load_mask_file(write_mask_file(dir, short_tiles), 53, 153); })
+            .find("mask.partial_bits is [") != std::string::npos);
+  replay::NamedTensors no_tiles = block_form(tree, 32, 48);
+  no_tiles.pop_back();
+  CHECK(error_of([&] { replay::load_mask_file(write_mask_file(dir, no_tiles), 53, 153); })
+            .find("mask.partial_bits is missing") != std::string::npos);
+}
+
+TEST_CASE("a blockmask spec with v_head_dim 128 under head_dim 192 runs in fp16, its capsule carries the bits and replays",
+          "[replay][blockmask]") {
+  TempDir dir;
+  const kernels::ResolvedMask prefix_lm = test::prefix_lm_mask(64, 164, 40);
+  const std::string file = write_mask_file(dir, {{"mask.bits", replay::mask_bits_tensor(prefix_lm)}});
+  const std::string text = R"({
+    "name": "blockmask_test", "hypothesis": "test", "kind": "attention_step",
+    "dims": {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 192, "v_head_dim": 128, "anchors": 4, "block_size": 16,
+             "context": 100, "dtype": "fp16"},
+    "mask": {"type": "blockmask", "file": ")" + file + R"("},
+    "block_mask": {"block_size": 32},
+    "variants": {"fused": {"impl": "fused"}, "dense": {"impl": "dense"}},
+    "repeats": 1, "warmup": 0, "seed": 5,
+    "verdict": [{"if": "fused.match", "then": "OK"}, {"else": "MISMATCH"}]})";
+  const spec::Spec spec = spec::load_spec_text(text, "blockmask_test");
+  kinds::TrialContext context;
+  context.variant = "fused";
+  context.device = "cpu";
+  context.artifact_dir = dir.file("artifacts");
+  context.result_path = dir.file("result.json");
+  context.keep_capsules = true;
+  const auto result = kinds::run_attention_step(spec, context);
+  INFO(result.error);
+  REQUIRE(result.status == "ok");
+  for (const auto& metric : result.metrics)
+    if (metric.name == "match") CHECK(metric.value == 1.0);
+  const kinds::ArtifactRef* capsule = nullptr;
+  for (const auto& artifact : result.artifacts)
+    if (artifact.kind == "capsule") capsule = &artifact;
+  REQUIRE(capsule != nullptr);
+  const auto info = replay::inspect_capsule(capsule->path, true, capsule->sha256);
+  REQUIRE(info.find("mask.bits") != nullptr);
+  CHECK((info.find("v.0")->shape == std::vector<int64_t>{1, 2, 164, 128}));
+  CHECK((info.header["spec"]["mask"] == nlohmann::json{{"type", "blockmask"}, {"in_capsule", true}}));
+
+  // The replay reads the spec from the capsule: no mask file needed.
+  ::remove(file.c_str());
+  const spec::Spec carried = spec::load_spec_text(info.header["spec"].dump(), "capsule");
+  auto replay_context = context;
+  replay_context.replay_capsule = capsule->path;
+  replay_context.result_path = dir.file("replay.json");
+  const auto replayed = kinds::run_attention_step(carried, replay_context);
+  INFO(replayed.error);
+  REQUIRE(replayed.status == "ok");
+  const kinds::ArtifactRef* before = nullptr;
+  const kinds::ArtifactRef* after = nullptr;
+  for (const auto& artifact : result.artifacts)
+    if (artifact.kind == "outputs") before = &artifact;
+  for (const auto& artifact : replayed.artifacts)
+    if (artifact.kind == "outputs") after = &artifact;
+  REQUIRE(before != nullptr);
+  REQUIRE(after != nullptr);
+  for (const auto& comparison :
+       replay::compare_outputs(replay::inspect_capsule(before->path, true), replay::inspect_capsule(after->path, true)))
+    CHECK(comparison.bitwise_equal);
 }

@@ -319,7 +319,7 @@ TEST_CASE("a spec with several problems reports all of them", "[spec]") {
   CHECK(has_issue(issues, "hypothesis", "required field is missing"));
   CHECK(has_issue(issues, "dims.anchors", "expected a positive integer, got 0 (number)"));
   CHECK(has_issue(issues, "dims.dtype", "unknown dtype \"fp8\""));
-  CHECK(has_issue(issues, "dims.head_dim", "unsupported head_dim 80; supported: 64, 128"));
+  CHECK(has_issue(issues, "dims.head_dim", "unsupported head_dim 80; supported: 64, 96, 128, 192, 256 (on the CPU every"));
   CHECK(has_issue(issues, "dims.heads", "heads (32) must be a multiple of kv_heads (6)"));
   CHECK(has_issue(issues, "mask.in_block", "unknown in_block \"sideways\""));
   CHECK(has_issue(issues, "variants.fused.impl", "unknown impl \"flash\" for kind attention_step; known: fused, dense"));
@@ -335,6 +335,42 @@ TEST_CASE("a spec with several problems reports all of them", "[spec]") {
     CHECK(static_cast<size_t>(std::count(what.begin(), what.end(), '\n') + 1) == issues.size());
     CHECK(what.find("many.json: dims.heads: heads (32)") != std::string::npos);
   }
+}
+
+TEST_CASE("head dims: FlashAttention-3's, v_head_dim apart from head_dim", "[spec]") {
+  const Spec mla = small_spec({"dims.head_dim=192", "dims.v_head_dim=128"});
+  CHECK(mla.dims.head_dim == 192);
+  CHECK(mla.dims.value_head_dim() == 128);
+  CHECK(small_spec({"dims.head_dim=96"}).dims.value_head_dim() == 96);  // v_head_dim defaults to head_dim
+  for (const char* dim : {"64", "96", "128", "192", "256"}) CHECK_NOTHROW(small_spec({std::string("dims.head_dim=") + dim}));
+  const auto issues = issues_of([] { small_spec({"dims.v_head_dim=0"}); });
+  CHECK(has_issue(issues, "dims.v_head_dim", "expected a positive integer"));
+}
+
+TEST_CASE("a blockmask spec names the file of its bits, made absolute from the spec's folder", "[spec]") {
+  const fs::path dir = fs::temp_directory_path() / ("harness_blockmask_spec_" + std::to_string(::getpid()));
+  fs::create_directories(dir / "masks");
+  std::ofstream(dir / "masks" / "tree.safetensors") << "bits";
+  std::string text = kSmallSpec;
+  const std::string dflash = R"("mask": {"type": "dflash", "documents": 2})";
+  text.replace(text.find(dflash), dflash.size(), R"("mask": {"type": "blockmask", "file": "masks/tree.safetensors"})");
+  text.replace(text.find(R"(, "mask": {"documents": 1})"), std::string(R"(, "mask": {"documents": 1})").size(), "");
+  const Spec spec = harness::spec::load_spec_text(text, (dir / "spec.json").string());
+  CHECK(spec.mask.kind == harness::kernels::MaskKind::blockmask);
+  CHECK(spec.mask.file == (dir / "masks" / "tree.safetensors").string());
+  CHECK(spec.resolved["mask"]["file"] == spec.mask.file);
+  // Parsed again from anywhere (the trial child), the absolute path still names the file.
+  CHECK(harness::spec::parse_spec(spec.resolved, "elsewhere").mask.file == spec.mask.file);
+  const Spec carried = harness::spec::parse_spec(
+      [&] {
+        nlohmann::json resolved = spec.resolved;
+        resolved["mask"] = {{"type", "blockmask"}, {"in_capsule", true}};
+        return resolved;
+      }(),
+      "capsule");
+  CHECK(carried.mask.in_capsule);
+  CHECK(carried.mask.file.empty());
+  fs::remove_all(dir);
 }
 
 TEST_CASE("verdict rules decide from the variants' outcomes", "[spec]") {

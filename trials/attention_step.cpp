@@ -24,6 +24,7 @@
 #include "kernels/attention.h"
 #include "kernels/mask_desc.h"
 #include "replay/capsule.h"
+#include "replay/mask_bits.h"
 
 namespace harness::kinds {
 namespace {
@@ -48,13 +49,14 @@ replay::StepTensors make_step(const spec::Spec& spec, const kernels::ResolvedMas
   replay::StepTensors step;
   for (int64_t layer = 0; layer < spec.layers; ++layer) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(spec.seed * 1000003ULL + static_cast<uint64_t>(layer));
-    const auto draw = [&](int64_t heads, int64_t length) {
-      return at::randn({d.batch, heads, length, d.head_dim}, gen, cpu).to(scalar_type(spec.dtype));
+    const auto draw = [&](int64_t heads, int64_t length, int64_t head_dim) {
+      return at::randn({d.batch, heads, length, head_dim}, gen, cpu).to(scalar_type(spec.dtype));
     };
-    step.q.push_back(draw(d.heads, d.q_len()));
-    step.k.push_back(draw(d.kv_heads, d.kv_len()));
-    step.v.push_back(draw(d.kv_heads, d.kv_len()));
-    step.grad_out.push_back(draw(d.heads, d.q_len()));
+    // v and the output (so grad_out) have v_head_dim, which defaults to head_dim.
+    step.q.push_back(draw(d.heads, d.q_len(), d.head_dim));
+    step.k.push_back(draw(d.kv_heads, d.kv_len(), d.head_dim));
+    step.v.push_back(draw(d.kv_heads, d.kv_len(), d.value_head_dim()));
+    step.grad_out.push_back(draw(d.heads, d.q_len(), d.value_head_dim()));
   }
   if (fault == "nan") {
     // Test-only: data that overflows inside the step, as a bad batch would. Query 0 of head 0 is
@@ -64,14 +66,31 @@ replay::StepTensors make_step(const spec::Spec& spec, const kernels::ResolvedMas
     step.k[0].select(0, 0).select(0, 0).fill_(1.0);
   }
   if (mask.kind == kernels::MaskKind::dflash) step.anchors = mask.anchors;
-  step.doc_id = mask.doc_id;
+  if (mask.kind == kernels::MaskKind::blockmask) {
+    step.mask_bits = replay::mask_bits_tensor(mask);
+  } else {
+    step.doc_id = mask.doc_id;
+  }
   return step;
 }
 
+// The spec's mask: drawn from its description, or a blockmask's bits from its file.
+kernels::ResolvedMask spec_mask(const spec::Spec& spec) {
+  if (spec.mask.kind != kernels::MaskKind::blockmask) return kernels::resolve_mask(spec.mask, spec.dims);
+  if (spec.mask.file.empty())
+    throw std::invalid_argument("mask blockmask: its bits travel in a capsule (mask.in_capsule): run it with harness replay");
+  return replay::load_mask_file(spec.mask.file, spec.dims.q_len(), spec.dims.kv_len());
+}
+
 // The resolved mask of a replayed step: the spec's description, with the recorded anchors and
-// document ids (a Python step carries its own) in place of the ones drawn from it.
+// document ids (a Python step carries its own) in place of the ones drawn from it; a blockmask's
+// bits from the capsule.
 kernels::ResolvedMask replayed_mask(const spec::Spec& spec, const replay::StepTensors& step) {
-  kernels::ResolvedMask mask = kernels::resolve_mask(spec.mask, spec.dims);
+  if (spec.mask.kind == kernels::MaskKind::blockmask && step.mask_bits.defined()) {
+    return replay::mask_from_tensors({{"mask.bits", step.mask_bits}}, spec.dims.q_len(), spec.dims.kv_len(),
+                                     "the capsule's mask.bits");
+  }
+  kernels::ResolvedMask mask = spec_mask(spec);
   if (step.anchors) mask.anchors = *step.anchors;
   if (step.doc_id) mask.doc_id = *step.doc_id;
   return mask;
@@ -166,9 +185,12 @@ void keep_snapshot(const AllocatorHistory& history, const TrialContext& context,
 // the result file, so that the parent finds it even when the step kills the process.
 void record_capsule(const spec::Spec& spec, const TrialContext& context, const replay::StepTensors& step,
                     StepRecord& record) {
+  // A blockmask's bits travel in the capsule (mask.bits), so the replay needs no file.
+  nlohmann::json resolved = spec.resolved;
+  if (spec.mask.kind == kernels::MaskKind::blockmask) resolved["mask"] = {{"type", "blockmask"}, {"in_capsule", true}};
   nlohmann::json header = {{"role", "step"},
                            {"source", "trial"},
-                           {"spec", spec.resolved},
+                           {"spec", std::move(resolved)},
                            {"variant", context.variant},
                            {"device", context.device},
                            {"env_id", ""},
@@ -244,7 +266,7 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
   {
     replay::StepTensors step;
     if (context.replay_capsule.empty()) {
-      kernels::ResolvedMask resolved = kernels::resolve_mask(spec.mask, spec.dims);
+      kernels::ResolvedMask resolved = spec_mask(spec);
       step = make_step(spec, resolved, variant.fault);
       step.cpu_rng_state = rng_state(at::Device(at::kCPU));
       if (device.is_cuda()) step.cuda_rng_state = rng_state(device);

@@ -22,7 +22,7 @@ namespace harness::kernels::cuda {
 
 //! Mask family codes, mirroring harness::kernels::MaskKind (kept separate so device code needs no
 //! harness headers); fused_attention_cuda.cpp maps one onto the other.
-enum class MaskCode : int32_t { dflash = 0, causal = 1, document_causal = 2, sliding_window = 3, full = 4 };
+enum class MaskCode : int32_t { dflash = 0, causal = 1, document_causal = 2, sliding_window = 3, full = 4, blockmask = 5 };
 
 //! What the per-element predicate needs: ResolvedMask's scalars plus its two arrays on the device.
 struct MaskParams {
@@ -36,6 +36,8 @@ struct MaskParams {
   int32_t window = 0;
   const int32_t* anchors = nullptr;  //!< dflash: [q_len / block_size]
   const int32_t* doc_id = nullptr;   //!< dflash: [context]; document_causal: [kv_len]; else unused
+  const uint32_t* bits = nullptr;    //!< blockmask: [q_len, bit_words], bit kv % 32 of word kv / 32
+  int32_t bit_words = 0;             //!< blockmask: words per query row, ceil(kv_len / 32)
 };
 
 //! One BlockMask (FlexAttention layout, B = H = 1) at (block_m, block_n), int32 device arrays.

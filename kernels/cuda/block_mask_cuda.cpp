@@ -39,7 +39,7 @@ void check_int32_on(const at::Tensor& tensor, const at::Device& device, const ch
 
 BlockMask build_block_mask_cuda(const ResolvedMask& mask, int64_t block_m, int64_t block_n,
                                 const at::Device& requested_device, const at::Tensor& anchors_dev,
-                                const at::Tensor& doc_id_dev) {
+                                const at::Tensor& doc_id_dev, const at::Tensor& bits_dev) {
   BlockMask block_mask = block_mask_geometry(mask, block_m, block_n, kWho);
   TORCH_CHECK(requested_device.is_cuda(), "build_block_mask_cuda: device must be CUDA (got ", requested_device, ")");
   // "cuda" without an index means the current device; the mask arrays carry an explicit index.
@@ -51,7 +51,8 @@ BlockMask build_block_mask_cuda(const ResolvedMask& mask, int64_t block_m, int64
   kc::BlockMaskBuildParams params;
   check_int32_on(anchors_dev, device, "anchors");
   check_int32_on(doc_id_dev, device, "doc_id");
-  params.mask = kc::mask_params(mask, anchors_dev, doc_id_dev, "build_block_mask_cuda");
+  check_int32_on(bits_dev, device, "bits");
+  params.mask = kc::mask_params(mask, anchors_dev, doc_id_dev, bits_dev, "build_block_mask_cuda");
 
   const int64_t num_q_blocks = block_mask.num_q_blocks;
   const int64_t num_kv_blocks = block_mask.num_kv_blocks;
@@ -93,7 +94,8 @@ BlockMask build_block_mask_cuda(const ResolvedMask& mask, int64_t block_m, int64
   params.pair_states = reinterpret_cast<uint8_t*>(states);
   offset += padded(state_words);
   params.row_spans = reinterpret_cast<int4*>(buffer.data_ptr<int32_t>() + offset);  // 256-byte aligned
-  params.docs_contiguous = std::is_sorted(mask.doc_id.begin(), mask.doc_id.end());
+  // A blockmask row is no pair of intervals: its pairs are classified element by element.
+  params.docs_contiguous = mask.kind != MaskKind::blockmask && std::is_sorted(mask.doc_id.begin(), mask.doc_id.end());
   params.kv_num_blocks = block_mask.kv_num_blocks.data_ptr<int32_t>();
   params.kv_indices = block_mask.kv_indices.data_ptr<int32_t>();
   params.full_kv_num_blocks = block_mask.full_kv_num_blocks.data_ptr<int32_t>();

@@ -50,7 +50,7 @@ struct FusedCudaState : torch::CustomClassHolder {
   std::string mask_kind;      //!< for the autotuner's key
   kc::AttentionShape shape;
   kc::MaskParams mask;
-  at::Tensor anchors, doc_id;
+  at::Tensor anchors, doc_id, bits;
   BlockMask dq_blocks, dkdv_blocks;
   //! The backward's CTA schedules kept with the mask (null under CUDA graph capture): the merged
   //! dK/dV + dQ one of wgmma and mma, and wgmma_atomic's.
@@ -628,7 +628,8 @@ PreparedCall prepare_call(const at::Tensor& q_in, const at::Tensor& k_in, const 
   state->mask_kind = std::string(mask_kind_name(resolved.kind));
   state->anchors = mask.anchors(q.device());
   state->doc_id = mask.doc_id(q.device());
-  state->mask = kc::mask_params(resolved, state->anchors, state->doc_id, kWho);
+  state->bits = mask.bits(q.device());
+  state->mask = kc::mask_params(resolved, state->anchors, state->doc_id, state->bits, kWho);
 
   kc::TileShape dq_tile, dkdv_tile;
   launch([&] {

@@ -9,6 +9,7 @@
 //   document_causal: kv <= q_abs and doc_id[kv] == doc_id[q_abs] (q_abs < 0 sees nothing)
 //   sliding_window:  q_abs - window < kv <= q_abs
 //   full:            every kv < kv_len
+//   blockmask:       bit kv % 32 of word kv / 32 of query q's row of bits, kv < kv_len
 // Every kind fits one shape, hoisted per query row: a context range [ctx_lo, ctx_hi) optionally
 // restricted to one document, or a band [band_lo, band_hi). Only partial blocks (and the ragged
 // last kv block) evaluate it; full blocks skip it.
@@ -27,6 +28,18 @@ struct QueryMask {
   int32_t band_lo;
   int32_t band_hi;
 };
+
+//! QueryMask::doc of a blockmask row. Such a row has no band: band_lo and band_hi hold the low and
+//! high 32 bits of its words' address instead, and [ctx_lo, ctx_hi) = [0, kv_len) bounds the keys
+//! it may read. The named kinds never have a document below -1; the row keeps its 20 bytes, so the
+//! kernels that hold two rows per thread need no register more for any mask.
+constexpr int32_t kBitmapRow = -2;
+
+//! The bits of a blockmask row (QueryMask::doc == kBitmapRow).
+__device__ __forceinline__ const uint32_t* bitmap_words(const QueryMask& row) {
+  return reinterpret_cast<const uint32_t*>((static_cast<uint64_t>(static_cast<uint32_t>(row.band_hi)) << 32) |
+                                           static_cast<uint32_t>(row.band_lo));
+}
 
 //! QueryMask padded to 32 bytes: the backward prep kernel writes one per query position and the
 //! dK/dV kernel copies them with 16-byte cp.async.
@@ -67,6 +80,14 @@ __device__ __forceinline__ QueryMask query_mask(const MaskParams& mask, int q) {
     case MaskCode::full:
       row.ctx_hi = mask.kv_len;
       break;
+    case MaskCode::blockmask: {
+      const auto words = reinterpret_cast<uint64_t>(mask.bits + static_cast<int64_t>(q) * mask.bit_words);
+      row.ctx_hi = mask.kv_len;
+      row.doc = kBitmapRow;
+      row.band_lo = static_cast<int32_t>(static_cast<uint32_t>(words));
+      row.band_hi = static_cast<int32_t>(static_cast<uint32_t>(words >> 32));
+      break;
+    }
   }
   return row;
 }
@@ -85,8 +106,11 @@ __device__ __forceinline__ int32_t key_doc(const MaskParams& mask, int kv) {
 //! range ends by kv_len). Bitwise & and |, not && and ||: with the row in shared memory (the
 //! backward's mask rows), short-circuit tests became a branch per score, each waiting on its own
 //! shared-memory load (ptxas kept the evaluation order); this way every field is loaded up front.
+//! A blockmask row reads the key's bit, for keys inside [0, kv_len) only (a ragged tile's padding
+//! keys lie past the row's words).
 __device__ __forceinline__ bool visible(const QueryMask& row, int32_t kv_doc, int kv) {
   const bool in_context = (kv >= row.ctx_lo) & (kv < row.ctx_hi) & ((row.doc < 0) | (kv_doc == row.doc));
+  if (row.doc == kBitmapRow) return in_context && ((__ldg(bitmap_words(row) + (kv >> 5)) >> (kv & 31)) & 1u);
   return in_context | ((kv >= row.band_lo) & (kv < row.band_hi));
 }
 

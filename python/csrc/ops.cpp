@@ -7,8 +7,9 @@
 // beside the checks that name the argument (harness/ops.py).
 //
 // A mask reaches the op as its description: a kind code, five ints (context, block_size, window,
-// context_rule, in_block), the anchor and document-id tensors, and a uid that the Python mask
-// object owns. The first call of a (uid, q_len, kv_len) resolves it into a MaskContext, which
+// context_rule, in_block), the anchor, document-id and bits tensors (bits: a blockmask's words,
+// int32 [bit_batch, bit_heads, Q_LEN, ceil(KV_LEN / 32)]), and a uid that the Python mask object
+// owns. The first call of a (uid, q_len, kv_len) resolves it into a MaskContext, which
 // then caches its BlockMasks and device arrays; later calls only look the uid up, so a mask built
 // once outside a training loop costs a map lookup per step, and nothing here synchronizes the
 // device after that first call (CUDA-graph capture needs that).
@@ -20,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -34,7 +36,7 @@ namespace hk = harness::kernels;
 
 // The order of kernels::MaskKind, as harness/masks.py's KIND_CODES spells it.
 constexpr hk::MaskKind kKinds[] = {hk::MaskKind::dflash, hk::MaskKind::causal, hk::MaskKind::document_causal,
-                                   hk::MaskKind::sliding_window, hk::MaskKind::full};
+                                   hk::MaskKind::sliding_window, hk::MaskKind::full, hk::MaskKind::blockmask};
 
 struct MaskKey {
   int64_t uid, q_len, kv_len;
@@ -58,10 +60,26 @@ std::vector<int32_t> int32_values(const at::Tensor& tensor) {
 
 // The mask as ResolvedMask for these lengths, checked again here (Python checks first, with the
 // argument names; this keeps a direct torch.ops call from reading out of bounds).
+// A blockmask's bits: int32 [bit_batch, bit_heads, q_len, ceil(kv_len / 32)].
+hk::ResolvedMask resolve_bits(const at::Tensor& bits, int64_t q_len, int64_t kv_len) {
+  const int64_t words = hk::blockmask_words(kv_len);
+  TORCH_CHECK(bits.scalar_type() == at::kInt && bits.dim() == 4 && bits.size(2) == q_len && bits.size(3) == words,
+              "harness.fused_attention: a blockmask's bits must be int32 [batch, heads, Q_LEN ", q_len, ", ceil(KV_LEN / 32) ",
+              words, "] (got ", bits.scalar_type(), " ", bits.sizes(), ")");
+  const at::Tensor cpu = bits.to(at::kCPU).contiguous();
+  const auto* data = reinterpret_cast<const uint32_t*>(cpu.data_ptr<int32_t>());
+  try {
+    return hk::blockmask_mask(q_len, kv_len, std::vector<uint32_t>(data, data + cpu.numel()), bits.size(0), bits.size(1));
+  } catch (const std::invalid_argument& error) {
+    TORCH_CHECK(false, "harness.fused_attention: ", error.what());
+  }
+}
+
 hk::ResolvedMask resolve(int64_t kind_code, at::IntArrayRef params, const at::Tensor& anchors, const at::Tensor& doc_id,
-                         int64_t q_len, int64_t kv_len) {
+                         const at::Tensor& bits, int64_t q_len, int64_t kv_len) {
   TORCH_CHECK(kind_code >= 0 && kind_code < static_cast<int64_t>(std::size(kKinds)), "harness.fused_attention: mask kind ",
-              kind_code, " is not one of 0..4");
+              kind_code, " is not one of 0..", std::size(kKinds) - 1);
+  if (kKinds[kind_code] == hk::MaskKind::blockmask) return resolve_bits(bits, q_len, kv_len);
   TORCH_CHECK(params.size() == 5, "harness.fused_attention: mask_params must be [context, block_size, window, "
               "context_rule, in_block] (got ", params.size(), " values)");
   TORCH_CHECK(!anchors.is_floating_point() && !doc_id.is_floating_point(),
@@ -102,6 +120,7 @@ hk::ResolvedMask resolve(int64_t kind_code, at::IntArrayRef params, const at::Te
       break;
     case hk::MaskKind::causal:
     case hk::MaskKind::full:
+    case hk::MaskKind::blockmask:
       break;
   }
   return mask;
@@ -109,7 +128,7 @@ hk::ResolvedMask resolve(int64_t kind_code, at::IntArrayRef params, const at::Te
 
 std::shared_ptr<hk::MaskContext> mask_context(const at::Tensor& q, const at::Tensor& k, int64_t kind_code,
                                               at::IntArrayRef params, const at::Tensor& anchors, const at::Tensor& doc_id,
-                                              int64_t uid) {
+                                              const at::Tensor& bits, int64_t uid) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "harness.fused_attention: q and k must be 4-D [B, H, L, D]");
   const MaskKey key{uid, q.size(2), k.size(2)};
   {
@@ -118,7 +137,7 @@ std::shared_ptr<hk::MaskContext> mask_context(const at::Tensor& q, const at::Ten
     if (found != mask_cache.end()) return found->second;
   }
   // Resolved outside the lock: the first call copies the arrays to the CPU.
-  auto context = std::make_shared<hk::MaskContext>(resolve(kind_code, params, anchors, doc_id, key.q_len, key.kv_len));
+  auto context = std::make_shared<hk::MaskContext>(resolve(kind_code, params, anchors, doc_id, bits, key.q_len, key.kv_len));
   std::lock_guard lock(cache_mutex);
   return mask_cache.emplace(key, std::move(context)).first->second;  // a racing first call's entry wins
 }
@@ -135,9 +154,9 @@ hk::AttentionOptions options_for(double scale) {
 
 std::tuple<at::Tensor, at::Tensor> fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                    int64_t mask_kind, at::IntArrayRef mask_params,
-                                                   const at::Tensor& anchors, const at::Tensor& doc_id, int64_t mask_uid,
-                                                   double scale) {
-  auto mask = mask_context(q, k, mask_kind, mask_params, anchors, doc_id, mask_uid);
+                                                   const at::Tensor& anchors, const at::Tensor& doc_id, const at::Tensor& bits,
+                                                   int64_t mask_uid, double scale) {
+  auto mask = mask_context(q, k, mask_kind, mask_params, anchors, doc_id, bits, mask_uid);
   try {
     hk::FusedForward result = hk::fused_attention_forward(q, k, v, *mask, options_for(scale));
     return {result.out, result.lse};
@@ -149,8 +168,8 @@ std::tuple<at::Tensor, at::Tensor> fused_attention(const at::Tensor& q, const at
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, int64_t mask_kind, at::IntArrayRef mask_params, const at::Tensor& anchors,
-    const at::Tensor& doc_id, int64_t mask_uid, double scale) {
-  auto mask = mask_context(q, k, mask_kind, mask_params, anchors, doc_id, mask_uid);
+    const at::Tensor& doc_id, const at::Tensor& bits, int64_t mask_uid, double scale) {
+  auto mask = mask_context(q, k, mask_kind, mask_params, anchors, doc_id, bits, mask_uid);
   try {
     hk::FusedGradients grads = hk::fused_attention_backward(grad_out, q, k, v, out, lse, *mask, options_for(scale));
     return {grads.grad_q, grads.grad_k, grads.grad_v};
@@ -177,9 +196,9 @@ bool cuda_kernels_built() { return hk::cuda_kernels_built(); }
 
 TORCH_LIBRARY(harness, m) {
   m.def("fused_attention(Tensor q, Tensor k, Tensor v, int mask_kind, int[] mask_params, Tensor anchors, "
-        "Tensor doc_id, int mask_uid, float scale) -> (Tensor, Tensor)");
+        "Tensor doc_id, Tensor bits, int mask_uid, float scale) -> (Tensor, Tensor)");
   m.def("fused_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-        "int mask_kind, int[] mask_params, Tensor anchors, Tensor doc_id, int mask_uid, float scale) "
+        "int mask_kind, int[] mask_params, Tensor anchors, Tensor doc_id, Tensor bits, int mask_uid, float scale) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("release_mask(int mask_uid) -> ()", &release_mask);
   m.def("mask_cache_size() -> int", &mask_cache_size);

@@ -24,6 +24,7 @@ _EXPORTS = {
     "DocumentCausalMask": "harness.masks",
     "SlidingWindowMask": "harness.masks",
     "DFlashMask": "harness.masks",
+    "FlexMask": "harness.flex_mask",
     "runs": "harness.db",
     "trials": "harness.db",
     "metrics": "harness.db",

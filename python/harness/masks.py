@@ -17,6 +17,8 @@ Geometry:
     sequence (bottom-right aligned: query q sits at q + KV_LEN - Q_LEN); documents split the KV
     sequence; the window counts back from the query, itself included (window 1 sees itself).
   - Full: every key.
+  - FlexMask (harness/flex_mask.py): any mask a FlexAttention BlockMask or mask_mod describes, as
+    its bits.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ CONTEXT_RULES = ("before_anchor", "through_anchor")
 IN_BLOCK_MODES = ("bidirectional", "causal")
 
 # Kind codes shared with the C++ op (python/csrc/ops.cpp): the order of kernels::MaskKind.
-KIND_CODES = {"dflash": 0, "causal": 1, "document_causal": 2, "sliding_window": 3, "full": 4}
+KIND_CODES = {"dflash": 0, "causal": 1, "document_causal": 2, "sliding_window": 3, "full": 4, "blockmask": 5}
 
 _uids = itertools.count(1)
 _uid_lock = threading.Lock()
@@ -155,19 +157,19 @@ class Mask:
 
     # --- what the fused op needs ---------------------------------------------------------
     def op_args(self):
-        """(kind code, [context, block_size, window, context_rule, in_block], anchors, doc_id):
+        """(kind code, [context, block_size, window, context_rule, in_block], anchors, doc_id, bits):
         the description the C++ op builds its cached mask from (python/csrc/ops.cpp)."""
         empty = torch.empty(0, dtype=torch.int32)
-        return KIND_CODES[self.kind], [0, 1, 0, 0, 0], empty, empty
+        return KIND_CODES[self.kind], [0, 1, 0, 0, 0], empty, empty, empty
 
     def op_inputs(self, device):
-        """op_args() with the two arrays on `device`, computed once per device (the op reads them
+        """op_args() with the three arrays on `device`, computed once per device (the op reads them
         only on its first call of a shape; on the device they keep a compiled graph free of CPU
         inputs, which CUDA graphs need)."""
         key = _device_key(device)
         if key not in self._op_cache:
-            kind, params, anchors, doc_id = self.op_args()
-            self._op_cache[key] = (kind, params, anchors.to(device), doc_id.to(device))
+            kind, params, anchors, doc_id, bits = self.op_args()
+            self._op_cache[key] = (kind, params, anchors.to(device), doc_id.to(device), bits.to(device))
         return self._op_cache[key]
 
     def to(self, device):
@@ -213,9 +215,9 @@ class SlidingWindowMask(Mask):
         return (kv_idx <= q_abs) & (kv_idx > q_abs - self.window)
 
     def op_args(self):
-        kind, params, anchors, doc_id = super().op_args()
+        kind, params, anchors, doc_id, bits = super().op_args()
         params[2] = self.window
-        return kind, params, anchors, doc_id
+        return kind, params, anchors, doc_id, bits
 
     def __repr__(self):
         return f"SlidingWindowMask(window={self.window})"
@@ -252,8 +254,8 @@ class DocumentCausalMask(Mask):
         return (kv_idx <= q_abs) & (doc_id[kv_idx] == query_doc) & (q_abs >= 0)
 
     def op_args(self):
-        kind, params, anchors, _ = super().op_args()
-        return kind, params, anchors, self.doc_id.to(torch.int32)
+        kind, params, anchors, _, bits = super().op_args()
+        return kind, params, anchors, self.doc_id.to(torch.int32), bits
 
     def __repr__(self):
         return f"DocumentCausalMask(doc_id=<{self.doc_id.numel()} positions, {int(self.doc_id.max()) + 1} documents>)"
@@ -344,7 +346,8 @@ class DFlashMask(Mask):
     def op_args(self):
         params = [self.context, self.block_size, 0, CONTEXT_RULES.index(self.context_rule),
                   IN_BLOCK_MODES.index(self.in_block)]
-        return KIND_CODES["dflash"], params, self.anchors.to(torch.int32), self.doc_id.to(torch.int32)
+        empty = torch.empty(0, dtype=torch.int32)
+        return KIND_CODES["dflash"], params, self.anchors.to(torch.int32), self.doc_id.to(torch.int32), empty
 
     def __repr__(self):
         return (f"DFlashMask(anchors=<{self.anchors.numel()}>, context={self.context}, block_size={self.block_size}, "

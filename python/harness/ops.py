@@ -1,17 +1,22 @@
 """`harness.attention`: the fused block-sparse attention kernels as a torch op.
 
     out = harness.attention(q, k, v, mask)                       # flex_attention(q, k, v, block_mask=...)
+    out = harness.attention(q, k, v, block_mask)                 # any FlexAttention BlockMask
     out, lse = harness.attention(q, k, v, mask, return_lse=True)
 
-q [B, H, Q_LEN, D], k and v [B, H_KV, KV_LEN, D] with H a multiple of H_KV (GQA by shapes: no
-enable_gqa needed). Returns what flex_attention returns for the same call: out [B, H, Q_LEN, D]
-in q's dtype and, with return_lse=True, the log-sum-exp of each row's scaled scores, [B, H, Q_LEN]
+q [B, H, Q_LEN, D], k [B, H_KV, KV_LEN, D] and v [B, H_KV, KV_LEN, D_V] with H a multiple of H_KV
+(GQA by shapes: no enable_gqa needed; D_V may differ from D, as in DeepSeek's MLA, 192 / 128).
+Returns what flex_attention returns for the same call: out [B, H, Q_LEN, D_V] in q's dtype and, with return_lse=True, the log-sum-exp of each row's scaled scores, [B, H, Q_LEN]
 fp32 (natural log, -inf for a row that sees no key; its out is 0).
 
 Under the hood: torch.ops.harness.fused_attention (CPU and CUDA kernels, python/csrc/ops.cpp) with
 an autograd formula (torch.ops.harness.fused_attention_backward) and fake kernels registered
 here, so torch.compile traces it without graph breaks. The lse output carries no gradient.
-CUDA: bf16, head_dim 64 or 128, Hopper (sm_90); CPU: any floating dtype.
+CUDA: what kernels/cuda has kernels for (Hopper; bf16 or fp16; head dims 64, 96, 128, 192, 256, and
+q·k 192 with v 128): any other
+call raises NotImplementedError naming what is supported; CPU: any floating dtype and head dims.
+A BlockMask is converted to a harness.FlexMask once (harness/flex_mask.py) and cached with it; under
+torch.compile, convert it before (harness.FlexMask.from_block_mask) to keep the graph whole.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from harness.flex_mask import FlexMask, flex_mask_of
 from harness.masks import Mask
 
 _LIBRARY_NAME = "libharness_ops.so"
@@ -68,7 +74,7 @@ def _register_python_parts():
     """Fake kernels and the autograd formula of the C++ ops."""
 
     @torch.library.register_fake("harness::fused_attention")
-    def _fused_attention_fake(q, k, v, mask_kind, mask_params, anchors, doc_id, mask_uid, scale):
+    def _fused_attention_fake(q, k, v, mask_kind, mask_params, anchors, doc_id, bits, mask_uid, scale):
         batch, heads, q_len, _ = q.shape
         out = q.new_empty(batch, heads, q_len, v.shape[-1])
         lse = q.new_empty(batch, heads, q_len, dtype=torch.float32)
@@ -76,23 +82,23 @@ def _register_python_parts():
 
     @torch.library.register_fake("harness::fused_attention_backward")
     def _fused_attention_backward_fake(grad_out, q, k, v, out, lse, mask_kind, mask_params, anchors, doc_id,
-                                       mask_uid, scale):
+                                       bits, mask_uid, scale):
         # Contiguous, as the kernels write them (empty_like would keep a transposed q's strides).
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, mask_kind, mask_params, anchors, doc_id, mask_uid, scale = inputs
+        q, k, v, mask_kind, mask_params, anchors, doc_id, bits, mask_uid, scale = inputs
         out, lse = output
-        ctx.save_for_backward(q, k, v, out, lse, anchors, doc_id)
+        ctx.save_for_backward(q, k, v, out, lse, anchors, doc_id, bits)
         ctx.mask = (mask_kind, mask_params, mask_uid, scale)
         ctx.mark_non_differentiable(lse)
 
     def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, anchors, doc_id = ctx.saved_tensors
+        q, k, v, out, lse, anchors, doc_id, bits = ctx.saved_tensors
         mask_kind, mask_params, mask_uid, scale = ctx.mask
         grad_q, grad_k, grad_v = torch.ops.harness.fused_attention_backward(
-            grad_out, q, k, v, out, lse, mask_kind, mask_params, anchors, doc_id, mask_uid, scale)
-        return grad_q, grad_k, grad_v, None, None, None, None, None, None
+            grad_out, q, k, v, out, lse, mask_kind, mask_params, anchors, doc_id, bits, mask_uid, scale)
+        return grad_q, grad_k, grad_v, None, None, None, None, None, None, None
 
     torch.library.register_autograd("harness::fused_attention", backward, setup_context=setup_context)
 
@@ -115,9 +121,9 @@ def _check(q, k, v, mask, scale):
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"harness.attention: q, k and v must be on one device (got q {q.device}, k {k.device}, "
                          f"v {v.device})")
-    if k.shape != v.shape:
-        raise ValueError(f"harness.attention: k and v must have one shape [batch, kv_heads, KV_LEN, head_dim] "
-                         f"(got k {tuple(k.shape)}, v {tuple(v.shape)})")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"harness.attention: k and v must have one batch, kv_heads and KV_LEN (got k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}; only their head dims may differ)")
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"harness.attention: q and k must have one batch size (got q {q.shape[0]}, k {k.shape[0]})")
     if k.shape[3] != q.shape[3]:
@@ -127,14 +133,12 @@ def _check(q, k, v, mask, scale):
                          f"k and v ({k.shape[1]})")
     if not isinstance(mask, Mask):
         raise TypeError(f"harness.attention: mask must be a harness mask (DFlashMask, CausalMask, "
-                        f"DocumentCausalMask, SlidingWindowMask, FullMask); got {type(mask).__name__}")
+                        f"DocumentCausalMask, SlidingWindowMask, FullMask, FlexMask) or a FlexAttention BlockMask; "
+                        f"got {type(mask).__name__}")
     mask.check(q.shape[2], k.shape[2])
-    if q.device.type == "cuda":
-        if q.dtype != torch.bfloat16:
-            raise TypeError(f"harness.attention: on CUDA, q, k and v must be torch.bfloat16 (got {q.dtype})")
-        if q.shape[3] not in (64, 128):
-            raise ValueError(f"harness.attention: on CUDA, head_dim must be 64 or 128 (got {q.shape[3]})")
-    elif q.device.type != "cpu":
+    if isinstance(mask, FlexMask):
+        mask.check_call(q.shape[0], q.shape[1])
+    if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"harness.attention: q, k and v must be on the CPU or a CUDA device (got {q.device})")
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"harness.attention: scale must be a positive finite number or None (got {scale!r})")
@@ -145,7 +149,10 @@ def attention(q, k, v, mask, *, scale=None, return_lse=False, enable_gqa=None, r
 
     Returns out; (out, lse) with return_lse=True; (out, AuxOutput(lse=..., max_scores=None)) with
     return_aux=AuxRequest(lse=True), as flex_attention does. `enable_gqa` is accepted for
-    flex_attention's call shape and ignored: GQA follows from the head counts."""
+    flex_attention's call shape and ignored: GQA follows from the head counts. `mask` is a harness
+    mask or a FlexAttention BlockMask (converted once, harness.FlexMask.from_block_mask)."""
+    if _is_block_mask(mask):
+        mask = flex_mask_of(mask)
     _check(q, k, v, mask, scale)
     if return_aux is not None:
         if return_lse:
@@ -155,14 +162,22 @@ def attention(q, k, v, mask, *, scale=None, return_lse=False, enable_gqa=None, r
                                       "(only lse is)")
     if _loaded_from is None:
         load_library()
-    kind, params, anchors, doc_id = mask.op_inputs(q.device)
+    kind, params, anchors, doc_id, bits = mask.op_inputs(q.device)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    out, lse = torch.ops.harness.fused_attention(q, k, v, kind, params, anchors, doc_id, mask.uid, scale)
+    out, lse = torch.ops.harness.fused_attention(q, k, v, kind, params, anchors, doc_id, bits, mask.uid, scale)
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
 
         return out, AuxOutput(lse=lse if return_aux.lse else None, max_scores=None)
     return (out, lse) if return_lse else out
+
+
+def _is_block_mask(mask) -> bool:
+    try:
+        from torch.nn.attention.flex_attention import BlockMask
+    except ImportError:  # a torch without FlexAttention has no BlockMask to pass
+        return False
+    return isinstance(mask, BlockMask)
 
 
 def mask_cache_size() -> int:

@@ -237,8 +237,8 @@ def test_opcheck(case, transposed):
     (q, k, v), _ = make_inputs(mask, q_len, kv_len, 4, 2, batch=1)
     if transposed:  # [B, L, H, D] storage, as projections produce it
         q, k, v = [t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v)]
-    kind, params, anchors, doc_id = mask.op_inputs(q.device)
-    args = (q, k, v, kind, params, anchors, doc_id, mask.uid, 0.25)
+    kind, params, anchors, doc_id, bits = mask.op_inputs(q.device)
+    args = (q, k, v, kind, params, anchors, doc_id, bits, mask.uid, 0.25)
     torch.library.opcheck(torch.ops.harness.fused_attention.default, args)
 
 
@@ -251,7 +251,7 @@ def test_bad_input_names_the_argument():
         harness.attention(q, k.double(), v, mask)
     with pytest.raises(TypeError, match="q must be a floating-point tensor"):
         harness.attention(q.long(), k, v, mask)
-    with pytest.raises(ValueError, match="k and v must have one shape"):
+    with pytest.raises(ValueError, match="k and v must have one batch, kv_heads and KV_LEN"):
         harness.attention(q, k, v[:, :, :-1], mask)
     with pytest.raises(ValueError, match=r"heads of q \(3\) must be a multiple of the kv heads of k and v \(2\)"):
         harness.attention(q[:, :3], k, v, mask)
@@ -266,7 +266,7 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="KV_LEN 60 but the mask needs context 41"):
         harness.attention(q, k[:, :, :60], v[:, :, :60], mask)
     with pytest.raises(TypeError, match="mask must be a harness mask"):
-        harness.attention(q, k, v, mask.flex_block_mask(mask.q_len, mask.kv_len))
+        harness.attention(q, k, v, mask.dense(mask.q_len, mask.kv_len))
     with pytest.raises(ValueError, match="scale must be a positive finite number"):
         harness.attention(q, k, v, mask, scale=float("nan"))
     with pytest.raises(ValueError, match="anchors must lie in the context"):
@@ -277,9 +277,9 @@ def test_the_op_checks_its_inputs_itself():
     # A direct torch.ops call past the Python checks: a RuntimeError, not a read out of bounds.
     mask = dflash()
     (q, k, v), _ = make_inputs(mask, None, None, 4, 2)
-    kind, params, _, doc_id = mask.op_inputs(q.device)
+    kind, params, _, doc_id, bits = mask.op_inputs(q.device)
     outside = torch.tensor([3, 14, 30, 13, 99], dtype=torch.int32)
     with pytest.raises(RuntimeError, match="anchor 99 lies outside the context"):
-        torch.ops.harness.fused_attention(q, k, v, kind, params, outside, doc_id, -7, 0.25)
+        torch.ops.harness.fused_attention(q, k, v, kind, params, outside, doc_id, bits, -7, 0.25)
     with pytest.raises(RuntimeError, match="must be a multiple of the kv heads"):
-        torch.ops.harness.fused_attention(q[:, :3], k, v, kind, params, torch.tensor([3, 14, 30, 13, 25], dtype=torch.int32), doc_id, -8, 0.25)
+        torch.ops.harness.fused_attention(q[:, :3], k, v, kind, params, torch.tensor([3, 14, 30, 13, 25], dtype=torch.int32), doc_id, bits, -8, 0.25)

@@ -1,6 +1,7 @@
 """harness.attention on the GPU (marked cuda; runs on the H200 through dev/gpu/gpu_check_python.sh):
 against torch.compile(flex_attention) in the same process at the real DFlash dims and at others,
-a training step under torch.compile and CUDA graphs, bad CUDA input."""
+on BlockMasks of masks no named kind expresses, a training step under torch.compile and CUDA
+graphs, bad CUDA input."""
 
 import math
 
@@ -105,6 +106,55 @@ def test_matches_compiled_flex_attention(case, cuda_device):
             assert (mine.float() - flex_grad.float()).abs().max().item() <= 2e-2 * scale + 1e-3, name
 
 
+def prefix_lm(b, h, q_idx, kv_idx):
+    return (kv_idx < 700) | (kv_idx <= q_idx + 1000)
+
+
+def tree(b, h, q_idx, kv_idx):  # a context of 1000, then a draft tree: root and 4 branches
+    node = kv_idx - 1000
+    same_branch = ((node - 1) % 4 == (q_idx - 1) % 4) & (node < q_idx) & (q_idx > 0) & (node > 0)
+    return (node < 0) | (node == q_idx) | (node == 0) | same_branch
+
+
+def dilated_window(b, h, q_idx, kv_idx):
+    back = q_idx + 1000 - kv_idx
+    return (back >= 0) & (back < 128 * 3) & (back % 3 == 0)
+
+
+def per_batch_documents(b, h, q_idx, kv_idx):
+    length = 300 + 211 * b
+    return (kv_idx <= q_idx + 1000) & (kv_idx // length == (q_idx + 1000) // length)
+
+
+@pytest.mark.parametrize("name,batch", [("prefix_lm", None), ("tree", None), ("dilated_window", None),
+                                        ("per_batch_documents", 2)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_block_mask_matches_compiled_flex_attention(name, batch, head_dim, cuda_device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    q_len, kv_len = 1000, 2000
+    block_mask = create_block_mask(globals()[name], batch, None, q_len, kv_len, device=cuda_device)
+    mask = harness.FlexMask.from_block_mask(block_mask)
+    q, k, v = inputs(mask, batch=2, heads=8, kv_heads=2, head_dim=head_dim, seed=head_dim)
+    out = harness.attention(q, k, v, block_mask)
+    flex_out, _ = flex(q, k, v, block_mask)
+    group = q.shape[1] // k.shape[1]
+    visible = mask.dense(q_len, kv_len, device=cuda_device)
+    scores = (q.float() @ k.float().repeat_interleave(group, 1).transpose(-1, -2)) / math.sqrt(head_dim)
+    exact = torch.softmax(scores.masked_fill(~visible, float("-inf")), -1).nan_to_num(0.0) @ \
+        v.float().repeat_interleave(group, 1)
+    ours_err = (out.float() - exact).abs().max().item()
+    flex_err = (flex_out.float() - exact).abs().max().item()
+    assert ours_err <= 2 * flex_err + 1e-3, (ours_err, flex_err)
+    grad_out = torch.randn_like(out)
+    truth = torch.autograd.grad(exact, (q, k, v), grad_out.float())
+    for label, mine, theirs, exact_grad in zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), grad_out),
+                                               torch.autograd.grad(flex_out, (q, k, v), grad_out), truth):
+        mine_err = (mine.float() - exact_grad).abs().max().item()
+        flex_grad_err = (theirs.float() - exact_grad).abs().max().item()
+        assert mine_err <= 2 * flex_grad_err + 1e-3, (label, mine_err, flex_grad_err)
+
+
 class DrafterLayer(torch.nn.Module):
     def __init__(self, mask, dim, heads, kv_heads):
         super().__init__()
@@ -157,9 +207,14 @@ def test_training_step_under_compile_and_cuda_graphs(cuda_device):
 def test_bad_cuda_input_names_the_argument(cuda_device):
     mask = dflash_mask(4, 16, 256, 1)
     q, k, v = inputs(mask, batch=1, heads=4, kv_heads=2, head_dim=64)
-    with pytest.raises(TypeError, match="on CUDA, q, k and v must be torch.bfloat16"):
+    # What the kernels have no kernel for: NotImplementedError from their boundary, naming what they take.
+    with pytest.raises(NotImplementedError, match=r"dtype Float has no kernel \(bf16 only\)"):
         harness.attention(q.float(), k.float(), v.float(), mask)
-    with pytest.raises(ValueError, match="on CUDA, head_dim must be 64 or 128"):
+    with pytest.raises(NotImplementedError, match=r"dtype Half has no kernel \(bf16 only\)"):
+        harness.attention(q.half(), k.half(), v.half(), mask)
+    with pytest.raises(NotImplementedError, match="head_dim 32 has no kernel"):
         harness.attention(q[..., :32], k[..., :32], v[..., :32], mask)
+    with pytest.raises(NotImplementedError, match="v's head_dim 32 differs from q and k's 64"):
+        harness.attention(q, k, v[..., :32], mask)
     with pytest.raises(ValueError, match="q, k and v must be on one device"):
         harness.attention(q, k.cpu(), v, mask)
