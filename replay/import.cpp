@@ -309,8 +309,16 @@ bool fit_captured_mask(std::map<std::string, at::Tensor>& tensors, nlohmann::jso
     raw.emplace_back(name, RawTable{dtype_name(table.scalar_type()), table.sizes().vec(),
                                     std::string(static_cast<const char*>(table.data_ptr()), table.nbytes())});
   }
-  const MaskTables tables = mask_tables_from_raw(raw, q_len, kv_len, meta["mask"].value("block_size", nlohmann::json(128)), where);
   std::vector<std::string> why_not;
+  MaskTables tables;
+  try {
+    tables = mask_tables_from_raw(raw, q_len, kv_len, meta["mask"].value("block_size", nlohmann::json(128)), where);
+  } catch (const CapsuleError& error) {
+    // Tables the named kinds' reader does not take (per-head lists, other tiles): the bits' reader
+    // (replay/mask_bits.h) reads them, or names what is wrong with them.
+    meta["captured_mask_fit"] = std::vector<std::string>{error.what()};
+    return false;
+  }
   const std::optional<FittedMask> fitted = fit_named_mask(tables, why_not);
   if (!fitted) {
     meta["captured_mask_fit"] = why_not;
