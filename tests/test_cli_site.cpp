@@ -102,7 +102,7 @@ TEST_CASE("site of a real run: pages, its traces linked or copied, bad output fo
   CHECK(box.harness("site").exit_code == 2);  // -o is required
 }
 
-TEST_CASE("exports: runs, metrics and show as json, csv and md; diff as md", "[cli][export]") {
+TEST_CASE("exports: runs, metrics and show as json, csv and md, diff as md", "[cli][export]") {
   Sandbox box;
   const auto first = box.json("run " + kReplaySmall + " --device cpu");
   const Result second = box.run_one_thread("run " + kReplaySmall + " --device cpu --json");

@@ -156,8 +156,7 @@ TEST_CASE("anchor_scaling's CPU profile through --slurm stores what a local run 
     CHECK(bad.exit_code == 2);
     CHECK(contains(bad.err, "truncated.db"));
     const std::string other_db = (box.dir / "other.db").string();
-    std::ofstream(other_db).close();  // an empty db of its own (reading commands create none)
-    REQUIRE(box.harness("runs --db " + other_db).exit_code == 0);
+    std::ofstream(other_db).close();  // an empty file: the merge opens it as a db of its own, without the run
     const Result foreign = box.harness("db merge " + first_shard + " --into " + other_db);
     CHECK(foreign.exit_code == 2);
     CHECK(contains(foreign.err, "task-0.attempt-0.db"));

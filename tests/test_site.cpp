@@ -88,7 +88,7 @@ TEST_CASE("CSV cells are quoted when they hold commas, quotes, line breaks or ed
         "id,error\r\n1,plain\r\n2,\"a, b\"\r\n3,\"say \"\"hi\"\"\"\r\n4,\"two\nlines\"\r\n5,\" padded\"\r\n6,\"cr\rlf\"\r\n7,\r\n");
 }
 
-TEST_CASE("Markdown cells keep the table's shape; exact numbers read back", "[site][export]") {
+TEST_CASE("Markdown cells keep the table's shape, exact numbers read back", "[site][export]") {
   harness::Table table;
   table.headers = {"a|b", "c"};
   table.right_align = {false, true};
@@ -102,7 +102,7 @@ TEST_CASE("Markdown cells keep the table's shape; exact numbers read back", "[si
   CHECK_THROWS_AS(harness::parse_format("xml"), harness::UsageError);
 }
 
-TEST_CASE("JSON for a script cannot end the script; file names from db text stay in their folder", "[site]") {
+TEST_CASE("JSON for a script cannot end the script, file names from db text stay in their folder", "[site]") {
   using harness::analysis::site::script_json;
   using harness::analysis::site::slug;
   const std::string text = script_json(json{{"error", "</script><script>alert(1)</script> & \xe2\x80\xa8"}});
@@ -202,7 +202,7 @@ TEST_CASE("site of the demo db: every page, regressions by the diff's rule, poin
   CHECK(has(index, "<script src=\"runs.js\"></script>"));
 }
 
-TEST_CASE("site: a run's neighbour within the noise is not flagged; a verdict flip is", "[site]") {
+TEST_CASE("site: a run's neighbour within the noise is not flagged, a verdict flip is", "[site]") {
   harness::test::ScratchDir dir;
   const std::string db = dir.file("h.db");
   {
