@@ -260,7 +260,9 @@ Table run_check_table(const db::RunDetail& detail) {
   for (const auto& trial : detail.trials) {
     const auto tolerance = trial.details.find("tolerance");
     if (tolerance == trial.details.end() || !tolerance->is_object()) continue;
-    for (const auto& [tensor, judged] : tolerance->items()) {
+    for (auto item = tolerance->begin(); item != tolerance->end(); ++item) {
+      const std::string& tensor = item.key();
+      const nlohmann::json& judged = item.value();  // a named reference: lambdas below capture it
       if (!judged.is_object()) continue;
       const auto number = [&](const char* key) {
         const auto value = judged.find(key);
