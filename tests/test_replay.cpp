@@ -540,11 +540,11 @@ TEST_CASE("a blockmask spec with v_head_dim 128 under head_dim 192 runs in fp16,
 
   // The replay reads the spec from the capsule: no mask file needed.
   ::remove(file.c_str());
-  const spec::Spec carried = spec::load_spec_text(info.header["spec"].dump(), "capsule");
+  const spec::Spec from_capsule = spec::load_spec_text(info.header["spec"].dump(), "capsule");
   auto replay_context = context;
   replay_context.replay_capsule = capsule->path;
   replay_context.result_path = dir.file("replay.json");
-  const auto replayed = kinds::run_attention_step(carried, replay_context);
+  const auto replayed = kinds::run_attention_step(from_capsule, replay_context);
   INFO(replayed.error);
   REQUIRE(replayed.status == "ok");
   const kinds::ArtifactRef* before = nullptr;

@@ -91,7 +91,7 @@ TEST_CASE("no user text in the batch script becomes a line of its own", "[slurm_
   script.log_dir = "/shared/runs/logs";
   script.harness = "/shared/bin/harness";
   script.manifest = "/shared/runs/manifest.json";
-  // A db path with a newline, carried into the comments.
+  // A db path with a newline, written into the comments.
   script.description = "harness run x --slurm, db /tmp/a\ntouch /tmp/pwned\r\n#SBATCH --wrap=evil\n.db";
   script.trial_lines = {"task 0: x dims.anchors=\"a\nrm -rf ~\" fused"};
   const std::string text = harness::slurm::batch_script(script);

@@ -361,15 +361,15 @@ TEST_CASE("a blockmask spec names the file of its bits, made absolute from the s
   CHECK(spec.resolved["mask"]["file"] == spec.mask.file);
   // Parsed again from anywhere (the trial child), the absolute path still names the file.
   CHECK(harness::spec::parse_spec(spec.resolved, "elsewhere").mask.file == spec.mask.file);
-  const Spec carried = harness::spec::parse_spec(
+  const Spec from_capsule = harness::spec::parse_spec(
       [&] {
         nlohmann::json resolved = spec.resolved;
         resolved["mask"] = {{"type", "blockmask"}, {"in_capsule", true}};
         return resolved;
       }(),
       "capsule");
-  CHECK(carried.mask.in_capsule);
-  CHECK(carried.mask.file.empty());
+  CHECK(from_capsule.mask.in_capsule);
+  CHECK(from_capsule.mask.file.empty());
   fs::remove_all(dir);
 }
 

@@ -2,7 +2,7 @@
 # Runs ON the H200 image from the repo root: the founding incident from a crashed job to a written
 # triage, with no edit to the job (python/README.md "Capture", docs/RUNNING.md "Triage").
 #   dev/gpu/gpu_check_capture.sh [build] [capture] [triage] [fix] [overhead]   (default: all five, in order)
-#   build     the harness binary with the CUDA kernels (dev/gpu/h200_build.sh; carry .deps as for it)
+#   build     the harness binary with the CUDA kernels (dev/gpu/h200_build.sh, which needs .deps/ from dev/gpu/prepare_h200.sh)
 #   capture   python -m harness.capture -- examples/train_dflash.py at the founding dims (32/8 heads, D 128,
 #             512 anchors x 16, context 8192, bf16, eager flex_attention) under --memory-fraction
 #             $FRACTION (default 0.55, about an 80 GB GPU): the job must fail with a CUDA OOM, and the
