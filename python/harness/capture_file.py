@@ -12,6 +12,7 @@ The safetensors format is written here (8-byte header length, JSON header, the t
 back), so capturing needs no package beyond torch.
 """
 
+import ctypes
 import json
 import os
 import platform
@@ -45,7 +46,8 @@ def write_safetensors(path, tensors, metadata):
         if dtype is None:
             raise TypeError(f"capture: tensor {name!r} has dtype {tensor.dtype}, which the capture file cannot hold")
         data = tensor.detach().to("cpu").contiguous()
-        raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+        # The bytes straight from the tensor's memory: numpy is not a dependency of harness or of torch.
+        raw = ctypes.string_at(data.data_ptr(), data.numel() * data.element_size()) if data.numel() else b""
         header[name] = {"dtype": dtype, "shape": list(data.shape), "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
         offset += len(raw)
