@@ -18,19 +18,7 @@ steps=" ${STEPS:-runs faults flex} "
 models=${MODELS:-$("$h" list --models --json | python3 -c 'import json,sys; print(",".join(m["name"] for m in json.load(sys.stdin)))')}
 report=$out/model_matrix.txt
 : >"$report"
-summary() {  # run JSON on stdin -> one line: model, variant set, verdict, peaks, per-tensor errors/bounds
-  python3 -c '
-import json, sys
-label = sys.argv[1]
-data = json.load(sys.stdin)
-run = data.get("run", data)
-line = [label, run.get("verdict", "?")]
-for trial in data.get("trials", []):
-    tol = trial.get("details", {}).get("tolerance", {})
-    errs = " ".join(f"{t}:{v[\"max_abs_err\"]:.3g}/{v[\"bound\"]:.3g},m{v[\"mean_abs_err\"]:.2g}/{v[\"mean_bound\"]:.2g}" for t, v in tol.items())
-    line.append(f"{trial[\"variant\"]}[{trial[\"status\"]}] {errs} {trial.get(\"error\",\"\")[:120]}")
-print(" | ".join(line))' "$1"
-}
+summary() { python3 "$(dirname "${BASH_SOURCE[0]}")/run_summary.py" "$1"; }  # run JSON on stdin -> one line
 if [[ $steps == *" runs "* ]]; then
   for model in ${models//,/ }; do
     dets=false

@@ -553,18 +553,22 @@ struct BwdDqConvertConfig {
   static constexpr int kHeadDim = Dims::kHeadDim;
   static constexpr ElementType kElement = Dims::kElement;
   static constexpr int kThreadsPerRow = kHeadDim / 8;
+  static_assert((kThreadsPerRow & (kThreadsPerRow - 1)) == 0, "rows of a power-of-two threads (head dims up to 128)");
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerCta = kThreads / kThreadsPerRow;
 };
 
-//! Backward prep (delta = rowsum(dO * O), lse2, mask rows): kHeadDimV / 8 threads per row, 16-byte
-//! loads; wgmma_atomic's fp32 dQ accumulator rows are kHeadDim wide.
+//! Backward prep (delta = rowsum(dO * O), lse2, mask rows): kHeadDimV / 8 threads per row rounded
+//! up to a power of two (the row's sum is a butterfly of shuffles within those threads: 192 columns
+//! take 32 threads, 24 of them loading), 16-byte loads; wgmma_atomic's fp32 dQ accumulator rows are
+//! kHeadDim wide.
 template <class Dims>
 struct BwdPrepConfig {
   static constexpr int kHeadDim = Dims::kHeadDim;
   static constexpr int kHeadDimV = Dims::kHeadDimV;
   static constexpr ElementType kElement = Dims::kElement;
-  static constexpr int kThreadsPerRow = kHeadDimV / 8;
+  static constexpr int kThreadsPerRow = kHeadDimV <= 64 ? 8 : kHeadDimV <= 128 ? 16 : 32;
+  static_assert(kThreadsPerRow * 8 >= kHeadDimV, "a row's columns covered");
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerCta = kThreads / kThreadsPerRow;
 };

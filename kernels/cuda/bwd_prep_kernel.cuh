@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // Launched programmatically (attention_launch.cu): the kernel ahead, whatever it is, may have
   // written dO or still read the memory this kernel writes, so wait for it first.
   grid_dependency_wait();
-  if (scratch.dq_accum != nullptr && row < rows_total) {
+  if (scratch.dq_accum != nullptr && row < rows_total && chunk * 8 < Cfg::kHeadDim) {
     // wgmma_atomic: zero this row's chunk of the fp32 dQ accumulator (same rows, kHeadDim floats
     // each: its head dims are alike, so the row's threads cover them), in place of a memset launch;
     // the stores need nothing loaded, so they go out first.
