@@ -5,7 +5,7 @@
 # The binary finds LibTorch through its RPATH: the torch it was built against, and for a wheel also
 # the torch beside it in site-packages (the `harness` console script puts torch/lib on
 # LD_LIBRARY_PATH as well, so a venv moved or a torch reinstalled at another path still works).
-set(_harness_torch_lib "${TORCH_INSTALL_PREFIX}/lib")
+set(_harness_torch_lib "${HARNESS_TORCH_PREFIX}/lib")
 if(SKBUILD)
   set(_harness_rpath "$ORIGIN/../../torch/lib;${_harness_torch_lib}")
 else()

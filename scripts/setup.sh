@@ -61,12 +61,10 @@ if ((${#py_missing[@]})); then
 fi
 torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 
-launcher=()
-if command -v ccache >/dev/null; then
-  # A fresh clone in another folder still hits the cache: paths are hashed relative to the root.
-  export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-fi
+# ccache: the root CMakeLists.txt compiles through it (HARNESS_CCACHE) with the source root as its
+# base_dir, so a fresh clone elsewhere, a plain `cmake --build build` and pip's build all hit the
+# same cache; -U drops a launcher an older configure left in the cache.
+launcher=(-UCMAKE_CXX_COMPILER_LAUNCHER -UCMAKE_CUDA_COMPILER_LAUNCHER)
 log "configuring $build_dir"
 cmake -S "$root" -B "$build_dir" -G Ninja "${launcher[@]}" \
   -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" \

@@ -32,9 +32,10 @@ phase asan "$root/scripts/asan.sh"
 phase fuzz env FUZZ_REPORT_ONLY="${FUZZ_REPORT_ONLY-import}" "$root/scripts/fuzz.sh"
 
 # The pip route as a user takes it (scripts/test_install.sh): a fresh venv with torch==2.11.0,
-# `pip install .` (a second build into build-pip/, against that venv's own torch; ccache serves the
-# objects that do not include torch), the console script and `import harness` from another folder,
-# then `pip install -e .` over the same build folder. About 9 min from a fresh machine (python/README.md).
+# `pip install .` (a second build into build-pip/, against that venv's own torch: both builds reach
+# torch through a link in their build folder, so ccache serves every object of the dev build), the
+# console script and `import harness` from another folder, then `pip install -e .` over the same
+# build folder. About a minute once the dev build is there, plus torch's download the first time.
 # Its venv is kept in ~/.cache/harness/install-test so that a rerun reuses torch; HARNESS_TEST_INSTALL=0
 # leaves it out (a quick local run).
 if [[ "${HARNESS_TEST_INSTALL:-1}" == 1 ]]; then
