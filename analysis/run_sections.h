@@ -1,7 +1,7 @@
 #pragma once
 // What `harness show` shows of a stored run, as data: header lines, the trials, metrics, verdict,
 // dispatch and env tables, stderr tails and the artifacts with the tool that opens each. The
-// terminal (harness/run_report.cpp) prints them as text; `harness site` renders them as HTML.
+// terminal (harness/cli/run_report.cpp) prints them as text; `harness site` renders them as HTML.
 
 #include <string>
 #include <vector>

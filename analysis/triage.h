@@ -4,7 +4,7 @@
 // the allocator snapshot) or from a job's log (its last Python exception); the failure is matched to
 // the hypotheses the shipped experiments test; the plan is harness commands at the captured dims
 // (the experiments, explain-oom, the step replayed on the original path and on the fused one); the
-// CLI runs them (harness/cli_triage.cpp) and the results become one document. Torch-free.
+// CLI runs them (harness/cli/cli_triage.cpp) and the results become one document. Torch-free.
 
 #include <cstdint>
 #include <optional>

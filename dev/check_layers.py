@@ -30,9 +30,20 @@ SOURCE_SUFFIXES = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
+# Within harness/: the commands (cli/) use the run engine (runner/), never the reverse.
+SUBLAYERS = {"harness/runner": 0, "harness/cli": 1}
+
+
 def layer_of(relative_path):
     top = relative_path.split("/", 1)[0]
     return top, LAYERS.get(top)
+
+
+def sublayer_of(relative_path):
+    for folder, rank in SUBLAYERS.items():
+        if relative_path.startswith(folder + "/"):
+            return folder, rank
+    return None, None
 
 
 def violations(root):
@@ -59,6 +70,12 @@ def violations(root):
                             found.append(f"{relative}:{number}: includes \"{included}\" ({folder_included}/ is layer "
                                          f"{layer_included}) but {own_folder}/ is layer {own_layer}: a file includes "
                                          f"only from its own layer or lower ones (docs/DESIGN.md, Layout)")
+                        elif layer_included == own_layer:
+                            own_sub, own_rank = sublayer_of(relative)
+                            sub_included, rank_included = sublayer_of(included)
+                            if own_rank is not None and rank_included is not None and rank_included > own_rank:
+                                found.append(f"{relative}:{number}: includes \"{included}\" but {own_sub}/ sits "
+                                             f"below {sub_included}/ (harness/README.md)")
     return found
 
 

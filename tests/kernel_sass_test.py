@@ -22,7 +22,11 @@ type alike:
      no `R2UR` between two of them (built per wgmma and moved with R2UR, they were a third of the
      dflash forward's inner loop); and the check rejects the deterministic wgmma
      backward, which still builds its descriptors that way.
-Usage: kernel_sass_test.py NVCC SOURCE_ROOT [PYTHON] [--save DIR | --against DIR]. cuobjdump comes
+Usage: kernel_sass_test.py NVCC SOURCE_ROOT [PYTHON] [--cache DIR] [--save DIR | --against DIR].
+--cache DIR keeps each file's cubin and ptxas output under a key of nvcc's version, the compile line
+and the contents of every file under kernels/ (what the .cu files can include): a rerun over the
+same sources checks the same SASS without compiling it again (CTest passes the build folder's
+kernel_sass_cache/). cuobjdump comes
 from the CUDA toolkit or, where the toolkit has none (Debian's machine here), from the triton wheel
 torch depends on, found through PYTHON. Exit 77 (skipped) with the reason when neither exists.
 --save DIR also writes each kernel's SASS (addresses and encodings dropped) to DIR, one file per
@@ -128,21 +132,58 @@ def kernel_sources(root):
     return [os.path.join(cuda, n) for n in names if n != "block_mask_build.cu"]
 
 
-def disassemble(nvcc, root, cuobjdump):
-    """Compiles the kernels for sm_90a as the build does (two files at a time); returns ({mangled name:
-    [instruction, ...]}, ptxas -v output), or raises RuntimeError with the tool's output."""
+def sources_key(nvcc, root):
+    """A digest of nvcc's version and every file under kernels/ (the .cu files include nothing of the
+    project outside it): what a cached cubin was compiled from."""
+    digest = hashlib.sha256()
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+    digest.update((os.path.realpath(nvcc) + version.stdout).encode())
+    kernels = os.path.join(root, "kernels")
+    for folder, dirs, files in sorted(os.walk(kernels)):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, kernels).encode() + b"\0")
+            with open(path, "rb") as text:
+                digest.update(hashlib.sha256(text.read()).digest())
+    return digest.hexdigest()
+
+
+def disassemble(nvcc, root, cuobjdump, cache=None):
+    """Compiles the kernels for sm_90a as the build does (two files at a time; a cubin of `cache`
+    compiled from the same sources is reused); returns ({mangled name: [instruction, ...]}, ptxas -v
+    output), or raises RuntimeError with the tool's output."""
+    key = sources_key(nvcc, root) if cache else None
     with tempfile.TemporaryDirectory() as tmp:
         def one(source):
             cubin = os.path.join(tmp, os.path.basename(source) + ".cubin")
             compile_cmd = [nvcc, "-I" + root, "-O2", "-DNDEBUG", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a",
                            "-cubin", "-Xptxas", "-v", "-o", cubin, source]
-            built = subprocess.run(compile_cmd, capture_output=True, text=True, timeout=3600)
-            if built.returncode != 0:
-                raise RuntimeError(built.stderr[-4000:] + f"\nnvcc exit {built.returncode} ({source})")
+            kept = None
+            if cache:
+                line = hashlib.sha256((key + "\0".join(compile_cmd[:-3] + [os.path.relpath(source, root)])).encode())
+                kept = os.path.join(cache, line.hexdigest()[:32])
+            if kept and os.path.isfile(kept + ".cubin") and os.path.isfile(kept + ".log"):
+                cubin = kept + ".cubin"
+                with open(kept + ".log") as text:
+                    stderr = text.read()
+            else:
+                built = subprocess.run(compile_cmd, capture_output=True, text=True, timeout=3600)
+                if built.returncode != 0:
+                    raise RuntimeError(built.stderr[-4000:] + f"\nnvcc exit {built.returncode} ({source})")
+                stderr = built.stderr
+                if kept:
+                    os.makedirs(cache, exist_ok=True)
+                    with open(kept + ".log.tmp", "w") as text:
+                        text.write(stderr)
+                    os.replace(cubin, kept + ".cubin.tmp")
+                    os.replace(kept + ".cubin.tmp", kept + ".cubin")
+                    os.replace(kept + ".log.tmp", kept + ".log")  # written last: a cubin without it is not used
+                    cubin = kept + ".cubin"
             sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, timeout=300)
             if sass.returncode != 0:
                 raise RuntimeError(sass.stderr[-2000:] + f"\ncuobjdump exit {sass.returncode} ({source})")
-            return functions(sass.stdout), built.stderr
+            return functions(sass.stdout), stderr
         with ThreadPoolExecutor(max_workers=2) as pool:
             results = list(pool.map(one, kernel_sources(root)))
     kernels, log = {}, ""
@@ -240,10 +281,12 @@ def compare(kernels, folder):
 
 
 def main():
-    args, options, argv = [], {}, sys.argv[1:]
+    args, options, argv, cache = [], {}, sys.argv[1:], None
     while argv:
         word = argv.pop(0)
-        if word in ("--save", "--against") and argv:
+        if word == "--cache" and argv:
+            cache = argv.pop(0)
+        elif word in ("--save", "--against") and argv:
             options[word] = argv.pop(0)
         else:
             args.append(word)
@@ -257,7 +300,7 @@ def main():
         print("SKIP: no cuobjdump (looked at " + ", ".join(looked) + ")")
         return SKIP
     try:
-        kernels, ptxas_log = disassemble(nvcc, root, cuobjdump)
+        kernels, ptxas_log = disassemble(nvcc, root, cuobjdump, cache)
     except RuntimeError as error:
         print(error)
         print("FAIL: could not build or disassemble the kernels")

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "core/errors.h"
-#include "harness/slurm.h"
+#include "harness/runner/slurm.h"
 #include "tests/catch.h"
 
 namespace {

@@ -3,6 +3,7 @@
 // take plain structs (attention_params.h) and trust them.
 
 #include "kernels/cuda/fused_attention_cuda.h"
+#include "kernels/fused_function.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -545,26 +546,7 @@ FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::
   return {dq, dk, dv};
 }
 
-class FusedAttentionCuda : public torch::autograd::Function<FusedAttentionCuda> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const c10::intrusive_ptr<FusedCudaState>& state) {
-    FusedForward result = run_forward(q, k, v, state.get());
-    ctx->save_for_backward({q, k, v, result.out, result.lse});
-    // saved_data holds IValues only; a capsule carries the state without registering a class.
-    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
-    return result.out;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
-    const auto state = c10::static_intrusive_pointer_cast<FusedCudaState>(ctx->saved_data["state"].toCapsule());
-    TORCH_CHECK(grad_outputs.size() == 1, "fused_cuda attention backward: expected one gradient");
-    FusedGradients grads = run_backward(saved[0], saved[1], saved[2], saved[3], saved[4], grad_outputs[0], state.get());
-    return {grads.grad_q, grads.grad_k, grads.grad_v, at::Tensor()};
-  }
-};
+using FusedAttentionCuda = FusedFunction<FusedCudaState, run_forward, run_backward>;
 
 //! Checked inputs in the kernels' layout and the state of one call.
 struct PreparedCall {

@@ -317,10 +317,11 @@ def test_a_mask_no_named_kind_describes_is_triaged_and_replays_as_its_bits(harne
                                            enable_gqa=True).sum().backward()
     plan = json.loads(subprocess.run([harness_binary, "triage", session.written[0], "--dry-run", "--json"],
                                      capture_output=True, text=True, check=True, cwd=tmp_path).stdout)
-    assert plan["step"]["replayable"] is False and plan["step"]["mask"] is None
-    assert "none of the named kinds" in plan["step"]["mask_note"]
-    assert [step["id"] for step in plan["steps"]] == ["explain_oom", "explain_oom_solve", "bwd_fusion", "anchor_scaling"]
-    assert any("the captured step is not replayed" in note for note in plan["notes"])
+    assert plan["step"]["replayable"] is True and plan["step"]["mask"] is None
+    assert "none of the named kinds" in plan["step"]["mask_note"] and "as its bits" in plan["step"]["mask_note"]
+    assert [step["id"] for step in plan["steps"]] == ["explain_oom", "explain_oom_solve", "bwd_fusion", "anchor_scaling",
+                                                      "replay_dense", "replay_fused"]
+    assert any("run their own (dflash) mask" in note for note in plan["notes"])
     replay = subprocess.run([harness_binary, "replay", "--import", session.written[0], "--device", "cpu", "--db",
                              str(tmp_path / "h.db")], capture_output=True, text=True, cwd=tmp_path)
     # The import replays the mask as its bits (a blockmask) and keeps why no named kind fits.
