@@ -15,6 +15,7 @@ with dynamic=False (a fresh compile per shape), forward and backward; saved with
 import argparse
 import json
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -75,7 +76,7 @@ def main():
             outputs = {"out": result.detach(), "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad}
             path = out_dir / f"{name}.pt"
             harness.save_step(path, q, k, v, grad_out, mask=mask, outputs=outputs, heads=model["heads"],
-                              kv_heads=model["kv_heads"], name=f"flex_{args.mode}_{name}")
+                              kv_heads=model["kv_heads"], name=f"flex_{args.mode}_" + re.sub(r"[^a-z0-9]+", "_", name.lower()))  # a step name is [a-z0-9_]+
             print(json.dumps({"model": name, "file": str(path), "seconds": round(time.time() - started, 1)}), flush=True)
         except Exception as error:  # one model's failure is reported, the others still run
             print(json.dumps({"model": name, "error": f"{type(error).__name__}: {error}"[:500]}), flush=True)

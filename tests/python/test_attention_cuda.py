@@ -208,13 +208,14 @@ def test_bad_cuda_input_names_the_argument(cuda_device):
     mask = dflash_mask(4, 16, 256, 1)
     q, k, v = inputs(mask, batch=1, heads=4, kv_heads=2, head_dim=64)
     # What the kernels have no kernel for: NotImplementedError from their boundary, naming what they take.
-    with pytest.raises(NotImplementedError, match=r"dtype Float has no kernel \(bf16 only\)"):
+    with pytest.raises(NotImplementedError, match=r"dtypes q Float, k Float, v Float have no kernel \(q, k and v all bf16 or all fp16 do\)"):
         harness.attention(q.float(), k.float(), v.float(), mask)
-    with pytest.raises(NotImplementedError, match=r"dtype Half has no kernel \(bf16 only\)"):
-        harness.attention(q.half(), k.half(), v.half(), mask)
-    with pytest.raises(NotImplementedError, match="head_dim 32 has no kernel"):
-        harness.attention(q[..., :32], k[..., :32], v[..., :32], mask)
-    with pytest.raises(NotImplementedError, match="v's head_dim 32 differs from q and k's 64"):
-        harness.attention(q, k, v[..., :32], mask)
+    # Head dims run padded up to the next instantiation (64, 128, 192, 256; 192/128): 20 is no
+    # multiple of 8, and 64/192 is no pair of them.
+    with pytest.raises(NotImplementedError, match=r"head dims 20/20 \(q.k/v\) bf16 have no kernel"):
+        harness.attention(q[..., :20], k[..., :20], v[..., :20], mask)
+    wide_v = torch.randn(*v.shape[:-1], 192, device=v.device, dtype=v.dtype)
+    with pytest.raises(NotImplementedError, match=r"head dims 64/192 \(q.k/v\) bf16 have no kernel"):
+        harness.attention(q, k, wide_v, mask)
     with pytest.raises(ValueError, match="q, k and v must be on one device"):
         harness.attention(q, k.cpu(), v, mask)
