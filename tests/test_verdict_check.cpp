@@ -1,14 +1,17 @@
 // A failed correctness check never becomes a hypothesis verdict: the rule's `!` negation, the
 // load-time analysis that rejects a clause a failed check can fall through to, the evaluation
-// guard for rules that never read match, and the shipped specs audited by both. Also `--model`.
+// guard for rules that never read match, and the shipped specs audited by both. Also `--model`
+// and a run's verdict over its sweep points.
 
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "experiments/models.h"
+#include "experiments/run_verdict.h"
 #include "experiments/spec.h"
 #include "experiments/verdict.h"
 #include "tests/catch.h"
@@ -175,4 +178,28 @@ TEST_CASE("the --model option fills heads, kv_heads and head_dim after the profi
   python.model = "Llama-3.1-8B";
   CHECK_THROWS_WITH(harness::spec::load_spec_file(kExperimentsDir + "/flex_fusion_py.json", python),
                     Catch::Matchers::ContainsSubstring("only attention specs have"));
+}
+
+TEST_CASE("a run's verdict over its points: one point's own, the points' common one, or MIXED", "[verdict][run]") {
+  const Spec spec = spec_with_rule(
+      R"([{"if": "!fused.match", "then": "WRONG"}, {"if": "fused.bwd_peak_bytes < 100", "then": "FUSED"}, {"else": "DENSE"}])");
+  const std::vector<nlohmann::json> points = {{{"dims.anchors", 8}}, {{"dims.anchors", 16}}};
+  const std::vector<Spec> point_specs = {spec, spec};
+  using Outcomes = std::map<std::string, VariantOutcome>;
+  const auto one = harness::spec::aggregate_verdict(spec, {points[0]}, {spec}, {Outcomes{{"fused", outcome(10, 1)}}});
+  CHECK(one.verdict.verdict == "FUSED");
+  CHECK(one.metrics.empty());
+  const auto same = harness::spec::aggregate_verdict(
+      spec, points, point_specs, {Outcomes{{"fused", outcome(10, 1)}}, Outcomes{{"fused", outcome(20, 1)}}});
+  CHECK(same.verdict.verdict == "FUSED");
+  REQUIRE(same.verdict.evidence["points"].size() == 2);
+  const auto mixed = harness::spec::aggregate_verdict(
+      spec, points, point_specs, {Outcomes{{"fused", outcome(10, 1)}}, Outcomes{{"fused", outcome(500, 1)}}});
+  CHECK(mixed.verdict.verdict == "MIXED");
+  CHECK(mixed.verdict.evidence["points"][1]["verdict"] == "DENSE");
+  CHECK(mixed.verdict.evidence["reason"] == "the sweep's points reached different verdicts");
+  const auto wrong = harness::spec::aggregate_verdict(
+      spec, points, point_specs, {Outcomes{{"fused", outcome(10, 1)}}, Outcomes{{"fused", outcome(10, 0, "dq")}}});
+  CHECK(wrong.verdict.verdict == "MIXED");
+  CHECK(wrong.verdict.evidence["points"][1]["verdict"] == "WRONG");
 }

@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "experiments/memory_model.h"
-#include "experiments/scaling.h"
+#include "experiments/run_verdict.h"
 #include "experiments/sweep.h"
 #include "harness/runner/summary.h"
 
@@ -104,89 +104,18 @@ void note_outcome(PlannedRun& run, size_t point, const RecordedTrial& recorded) 
 }
 
 spec::Verdict decide(PlannedRun& run, db::Store& store) {
-  spec::Verdict verdict;
   if (run.interrupted) {
+    spec::Verdict verdict;
     verdict.verdict = "INTERRUPTED";
     verdict.evidence = {{"reason", "the run was interrupted before every trial ran"}};
     return verdict;
   }
-  const spec::Spec& spec = run.spec;
-  if (spec.scaling) {
-    // A wrong result at any point stops the fit from deciding (experiments/verdict.h).
-    for (size_t p = 0; p < run.points.size(); ++p) {
-      if (auto guarded = spec::failed_check_verdict(run.point_specs[p], run.outcomes[p])) {
-        guarded->evidence["point"] = run.points[p];
-        return *guarded;
-      }
-    }
-    std::vector<spec::ScalingSample> samples;
-    nlohmann::json per_point = nlohmann::json::array();
-    std::map<std::string, double> match_everywhere;  // per variant: 1 when every point's check passed
-    for (size_t p = 0; p < run.points.size(); ++p) {
-      for (const auto& [variant, outcome] : run.outcomes[p]) {
-        if (const auto match = outcome.values.find("match"); match != outcome.values.end())
-          match_everywhere[variant] = std::min(match_everywhere.count(variant) ? match_everywhere[variant] : 1.0, match->second);
-        per_point.push_back({{"point", run.points[p]}, {"variant", variant}, {"status", outcome.status}});
-        const auto value = outcome.values.find(spec.scaling->metric);
-        if (outcome.status != "ok" || value == outcome.values.end()) continue;
-        spec::ScalingSample sample;
-        sample.variant = variant;
-        sample.value = value->second;
-        for (const std::string& model : spec.scaling->models)
-          sample.regressors[model] = spec::model_regressor(model, run.point_specs[p]);
-        samples.push_back(std::move(sample));
-      }
-    }
-    const auto fits = spec::fit_scaling(*spec.scaling, samples);
-    std::map<std::string, spec::VariantOutcome> outcomes;
-    std::vector<db::Metric> metrics;
-    nlohmann::json fit_evidence = nlohmann::json::object();
-    for (const spec::Variant& variant : spec.variants) {
-      spec::VariantOutcome outcome;
-      outcome.status = "ok";
-      const auto found = fits.find(variant.name);
-      nlohmann::json entry = {{"metric", spec.scaling->metric}, {"fits", nlohmann::json::array()}};
-      if (found != fits.end()) {
-        if (!found->second.growth.empty()) outcome.words["growth"] = found->second.growth;
-        entry["growth"] = found->second.growth;
-        for (const spec::Fit& fit : found->second.fits) {
-          entry["fits"].push_back({{"model", fit.model},
-                                   {"slope", fit.slope},
-                                   {"intercept", fit.intercept},
-                                   {"r2", fit.r2},
-                                   {"points", fit.points}});
-          if (fit.points < 2) continue;
-          outcome.values["r2_" + fit.model] = fit.r2;
-          outcome.values["slope_" + fit.model] = fit.slope;
-          metrics.push_back({variant.name, nlohmann::json::object(), "r2_" + fit.model, fit.r2, "", -1});
-          metrics.push_back({variant.name, nlohmann::json::object(), "slope_" + fit.model, fit.slope, "", -1});
-        }
-      }
-      if (const auto match = match_everywhere.find(variant.name); match != match_everywhere.end())
-        outcome.values["match"] = match->second;
-      fit_evidence[variant.name] = std::move(entry);
-      outcomes[variant.name] = std::move(outcome);
-    }
-    if (!metrics.empty()) store.add_metrics(run.run_id, metrics);
-    verdict = spec::evaluate_verdict(spec, outcomes);
-    verdict.evidence["fits"] = std::move(fit_evidence);
-    verdict.evidence["points"] = std::move(per_point);
-    return verdict;
-  }
-  std::vector<spec::Verdict> verdicts;
-  for (size_t p = 0; p < run.points.size(); ++p)
-    verdicts.push_back(spec::evaluate_verdict(run.point_specs[p], run.outcomes[p]));
-  if (verdicts.size() == 1) return verdicts.front();
-  nlohmann::json points = nlohmann::json::array();
-  bool same = true;
-  for (size_t p = 0; p < verdicts.size(); ++p) {
-    points.push_back({{"point", run.points[p]}, {"verdict", verdicts[p].verdict}, {"evidence", verdicts[p].evidence}});
-    same = same && verdicts[p].verdict == verdicts.front().verdict;
-  }
-  verdict.verdict = same ? verdicts.front().verdict : "MIXED";
-  verdict.evidence = {{"points", std::move(points)}};
-  if (!same) verdict.evidence["reason"] = "the sweep's points reached different verdicts";
-  return verdict;
+  spec::RunVerdict decided = spec::aggregate_verdict(run.spec, run.points, run.point_specs, run.outcomes);
+  std::vector<db::Metric> metrics;
+  for (const spec::DerivedMetric& metric : decided.metrics)
+    metrics.push_back({metric.variant, nlohmann::json::object(), metric.name, metric.value, "", -1});
+  if (!metrics.empty()) store.add_metrics(run.run_id, metrics);
+  return decided.verdict;
 }
 
 
