@@ -148,7 +148,7 @@ TEST_CASE("autotune_race: run_race rejects what it cannot run", "[race]") {
 
 TEST_CASE("autotune_race: the runner reports counts over all batches, the rate and its interval", "[race]") {
   const harness::spec::Spec spec = race_spec({{"threads", 3}, {"trials", 25}, {"jitter_us", 50}, {"kernel_us", 50}}, 2);
-  TrialContext context;
+  TrialRequest context;
   context.device = "cpu";
   context.variant = "legacy";
   const TrialResult legacy = run_autotune_race(spec, context);
@@ -179,7 +179,7 @@ TEST_CASE("autotune_race: the runner reports counts over all batches, the rate a
 
 TEST_CASE("autotune_race: per_device threads follow --devices and need two", "[race]") {
   const harness::spec::Spec spec = race_spec({{"threads", "per_device"}, {"trials", 5}}, 1);
-  TrialContext context;
+  TrialRequest context;
   context.variant = "fixed";
   context.device = "cuda:0";
   context.devices = {"cuda:0"};

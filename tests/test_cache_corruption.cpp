@@ -95,7 +95,7 @@ TEST_CASE("cache_corruption: the runner reports fractions and the evidence", "[c
   spec.variants = {{"cut", "truncated", ""}, {"race", "two_writer_threads", ""}};
   spec.repeats = 2;
   spec.params = {{"keys", 4}};
-  TrialContext context;
+  TrialRequest context;
   context.device = "cpu";
   context.variant = "cut";
   const TrialResult cut = run_cache_corruption(spec, context);

@@ -112,9 +112,18 @@ TEST_CASE("a version 1 capsule still replays through the trial child", "[cli][re
   std::ofstream(spec) << header["spec"].dump();
 
   const fs::path result_path = box.dir / "result.json";
-  const Result trial = box.harness("__trial --spec " + spec.string() + " --variant fused --device cpu --allow-faults --result " +
-                                   result_path.string() + " --artifact-dir " + (box.dir / "artifacts").string() +
-                                   " --keep-capsules --replay-capsule " + capsule.string());
+  // The trial request as its parent writes it (experiments/kinds/trial.h); absent fields keep their defaults.
+  const nlohmann::json request = {{"spec_file", spec.string()},
+                                  {"variant", "fused"},
+                                  {"device", "cpu"},
+                                  {"allow_faults", true},
+                                  {"result_path", result_path.string()},
+                                  {"artifact_dir", (box.dir / "artifacts").string()},
+                                  {"keep_capsules", true},
+                                  {"replay_capsule", capsule.string()}};
+  const fs::path request_path = box.dir / "request.json";
+  std::ofstream(request_path) << request.dump();
+  const Result trial = box.harness("__trial --request " + request_path.string());
   INFO(trial.err);
   REQUIRE(trial.exit_code == 0);
   const auto result = nlohmann::json::parse(slurp(result_path));
@@ -132,4 +141,38 @@ TEST_CASE("a version 1 capsule still replays through the trial child", "[cli][re
     CHECK(written.find("\"__metadata__\"") != std::string::npos);
   }
   CHECK(outputs);
+}
+
+// A request the child cannot read is refused before anything runs: exit 2 naming the file and
+// the field, and no result file.
+TEST_CASE("the trial child refuses a malformed request, naming the field", "[cli][trial]") {
+  Sandbox box;
+  const fs::path result_path = box.dir / "result.json";
+  const fs::path request_path = box.dir / "request.json";
+  const auto child_with = [&](const nlohmann::json& request) {
+    std::ofstream(request_path) << request.dump();
+    return box.harness("__trial --request " + request_path.string());
+  };
+  const nlohmann::json complete = {{"spec_file", (box.dir / "spec.json").string()},
+                                   {"variant", "fused"},
+                                   {"device", "cpu"},
+                                   {"result_path", result_path.string()}};
+  nlohmann::json wrong_type = complete;
+  wrong_type["memory_limit_bytes"] = "16GiB";
+  Result refused = child_with(wrong_type);
+  CHECK(refused.exit_code == 2);
+  CHECK(refused.err.find("memory_limit_bytes") != std::string::npos);
+  CHECK(refused.err.find("an integer") != std::string::npos);
+  nlohmann::json unknown = complete;
+  unknown["timeout"] = 5;
+  refused = child_with(unknown);
+  CHECK(refused.exit_code == 2);
+  CHECK(refused.err.find("\"timeout\" is not one a trial has") != std::string::npos);
+  nlohmann::json no_variant = complete;
+  no_variant.erase("variant");
+  refused = child_with(no_variant);
+  CHECK(refused.exit_code == 2);
+  CHECK(refused.err.find("has no variant") != std::string::npos);
+  CHECK(refused.err.find(request_path.string()) != std::string::npos);
+  CHECK_FALSE(fs::exists(result_path));
 }

@@ -50,7 +50,7 @@ json status_of(const Sandbox& box, int64_t run_id) {
   return json::parse(status.out);
 }
 
-// Whether the trial child of `variant` runs: a `harness __trial ... --variant <variant> ...`
+// Whether the trial child of `variant` runs: a `harness __trial --request <...>.<variant>.request.json`
 // process (the one-node Slurm runs on this machine). Only tests/cli/slurm_slow.json has these
 // variant names.
 bool trial_child_running(const std::string& variant) {
@@ -58,7 +58,7 @@ bool trial_child_running(const std::string& variant) {
   for (fs::directory_iterator entry("/proc", error), end; !error && entry != end; entry.increment(error)) {
     std::string cmdline = harness::test::slurp(entry->path() / "cmdline");
     std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (contains(cmdline, " __trial ") && contains(cmdline, " --variant " + variant + " ")) return true;
+    if (contains(cmdline, " __trial ") && contains(cmdline, "." + variant + ".request.json ")) return true;
   }
   return false;
 }

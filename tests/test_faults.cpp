@@ -112,7 +112,8 @@ class Db {
   sqlite3* db_ = nullptr;
 };
 
-// A scratch folder per test; every harness process it starts mentions it on its command line.
+// A scratch folder per test; every harness process it starts mentions it on its command line (the
+// db, and for a trial child its request file: the harness's own scratch folders go here, TMPDIR).
 struct Sandbox {
   fs::path dir;
   Sandbox() {
@@ -135,9 +136,10 @@ struct Sandbox {
     std::vector<char*> raw;
     for (auto& arg : argv) raw.push_back(arg.data());
     raw.push_back(nullptr);
-    std::vector<std::string> env_storage = {"HARNESS_ALLOW_FAULTS=1"};
+    std::vector<std::string> env_storage = {"HARNESS_ALLOW_FAULTS=1", "TMPDIR=" + dir.string()};
     for (char** entry = environ; *entry; ++entry)
-      if (std::string(*entry).rfind("HARNESS_ALLOW_FAULTS=", 0) != 0) env_storage.emplace_back(*entry);
+      if (std::string(*entry).rfind("HARNESS_ALLOW_FAULTS=", 0) != 0 && std::string(*entry).rfind("TMPDIR=", 0) != 0)
+        env_storage.emplace_back(*entry);
     std::vector<char*> envp;
     for (auto& item : env_storage) envp.push_back(item.data());
     envp.push_back(nullptr);
@@ -180,7 +182,7 @@ struct Sandbox {
     std::vector<std::pair<pid_t, std::string>> children;
     for (const auto& process : processes_mentioning(dir.string()))
       if (process.second.find("__trial") != std::string::npos &&
-          process.second.find("--variant " + variant + " ") != std::string::npos)
+          process.second.find("." + variant + ".request.json ") != std::string::npos)
         children.push_back(process);
     return children;
   }
@@ -196,12 +198,15 @@ std::vector<std::string> run_args(const std::string& variants, const std::vector
 
 const std::string kOkThenHang = R"({"fused":{"impl":"fused"},"hang":{"impl":"fused","fault":"hang"}})";
 
-// The spec's scratch folder of a running trial child: the folder of its --spec file.
+// The scratch folder of a running trial child: the folder of its --request file (beside its
+// result file and its point's spec).
 std::string scratch_of(const std::string& cmdline) {
-  const auto at = cmdline.find("--spec ");
+  const std::string option = "--request ";
+  const auto at = cmdline.find(option);
   REQUIRE(at != std::string::npos);
-  const auto end = cmdline.find(' ', at + 7);
-  return fs::path(cmdline.substr(at + 7, end - at - 7)).parent_path().string();
+  const auto start = at + option.size();
+  const auto end = cmdline.find(' ', start);
+  return fs::path(cmdline.substr(start, end - start)).parent_path().string();
 }
 
 void check_integrity(const std::string& db_path) {

@@ -54,7 +54,7 @@ struct Measured {
 };
 
 Measured measure(const harness::spec::Spec& spec, const std::string& variant) {
-  harness::kinds::TrialContext context;
+  harness::kinds::TrialRequest context;
   context.variant = variant;
   context.device = "cpu";
   const auto result = harness::kinds::run_attention_step(spec, context);
@@ -132,7 +132,7 @@ TEST_CASE("a variant's CUDA kernel choice is recorded in the trace, not used, on
   // kernel, one backward), the trace's first record names what the spec asked for.
   const auto spec = load({"variants.fused.kernel.fwd=wgmma_m64_n64", "variants.fused.kernel.bwd=wgmma",
                           "variants.fused.deterministic=true", "check.enabled=true"});
-  harness::kinds::TrialContext context;
+  harness::kinds::TrialRequest context;
   context.variant = "fused";
   context.device = "cpu";
   const auto result = harness::kinds::run_attention_step(spec, context);

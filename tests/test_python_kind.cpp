@@ -20,7 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 using harness::kinds::MetricValue;
 using harness::kinds::ParamIssues;
-using harness::kinds::TrialContext;
+using harness::kinds::TrialRequest;
 using harness::kinds::TrialResult;
 
 const std::string kTestDataDir = HARNESS_TEST_DATA_DIR;
@@ -39,8 +39,8 @@ harness::spec::Spec fixture_spec(const std::string& mode, nlohmann::json extra =
   return spec;
 }
 
-TrialContext fixture_context(const std::string& device = "cpu") {
-  TrialContext context;
+TrialRequest fixture_context(const std::string& device = "cpu") {
+  TrialRequest context;
   context.variant = "first";
   context.device = device;
   context.python = system_python();

@@ -74,7 +74,7 @@ TEST_CASE("warmup_race.json: run in-process, the race is reproduced and both fix
   const spec::Spec spec = spec::load_spec_file(kExperiments + "/warmup_race.json");
   std::map<std::string, spec::VariantOutcome> outcomes;
   for (const spec::Variant& variant : spec.variants) {
-    kinds::TrialContext context;
+    kinds::TrialRequest context;
     context.device = "cpu";
     context.variant = variant.name;
     outcomes[variant.name] = outcome_of(kinds::run_autotune_race(spec, context));
@@ -95,7 +95,7 @@ TEST_CASE("cache_corruption.json: one variant per damage, run in-process every d
   once.repeats = 1;
   std::map<std::string, spec::VariantOutcome> outcomes;
   for (const spec::Variant& variant : spec.variants) {
-    kinds::TrialContext context;
+    kinds::TrialRequest context;
     context.device = "cpu";
     context.variant = variant.name;
     outcomes[variant.name] = outcome_of(kinds::run_cache_corruption(once, context));

@@ -63,8 +63,8 @@ spec::Spec small_spec(const std::string& extra_variants = "") {
   return spec::load_spec_text(text, "test_replay", options);
 }
 
-kinds::TrialContext context_for(const std::string& variant, const TempDir& dir) {
-  kinds::TrialContext context;
+kinds::TrialRequest context_for(const std::string& variant, const TempDir& dir) {
+  kinds::TrialRequest context;
   context.variant = variant;
   context.device = "cpu";
   context.artifact_dir = dir.file("artifacts");
@@ -518,7 +518,7 @@ TEST_CASE("a blockmask spec with v_head_dim 128 under head_dim 192 runs in fp16,
     "repeats": 1, "warmup": 0, "seed": 5,
     "verdict": [{"if": "fused.match", "then": "OK"}, {"else": "MISMATCH"}]})";
   const spec::Spec spec = spec::load_spec_text(text, "blockmask_test");
-  kinds::TrialContext context;
+  kinds::TrialRequest context;
   context.variant = "fused";
   context.device = "cpu";
   context.artifact_dir = dir.file("artifacts");

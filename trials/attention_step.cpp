@@ -173,7 +173,7 @@ struct StepRecord {
 };
 
 // Saves the allocator snapshot into the record (an OOM's or the measured step's).
-void keep_snapshot(const AllocatorHistory& history, const TrialContext& context, StepRecord& record) {
+void keep_snapshot(const AllocatorHistory& history, const TrialRequest& context, StepRecord& record) {
   try {
     if (const auto snapshot = history.save(context.artifact_dir)) record.evidence.push_back(*snapshot);
   } catch (const std::exception& error) {
@@ -183,7 +183,7 @@ void keep_snapshot(const AllocatorHistory& history, const TrialContext& context,
 
 // Writes the capsule of the step's inputs before the step runs, and names it in the marker beside
 // the result file, so that the parent finds it even when the step kills the process.
-void record_capsule(const spec::Spec& spec, const TrialContext& context, const replay::StepTensors& step,
+void record_capsule(const spec::Spec& spec, const TrialRequest& context, const replay::StepTensors& step,
                     StepRecord& record) {
   // A blockmask's bits travel in the capsule (mask.bits), so the replay needs no file.
   nlohmann::json resolved = spec.resolved;
@@ -253,7 +253,7 @@ nlohmann::json judge_recorded_outputs(const spec::Spec& spec, const std::string&
 }
 
 TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const at::Device& device,
-                     const TrialContext& context, kernels::DispatchTrace& trace, StepRecord& record) {
+                     const TrialRequest& context, kernels::DispatchTrace& trace, StepRecord& record) {
   TrialResult result;
   MemoryMeter meter(device);
   watch_cuda_oom(device);
@@ -445,7 +445,7 @@ TrialResult run_step(const spec::Spec& spec, const spec::Variant& variant, const
 
 // Keeps the capsule (and writes the outputs beside it) when the trial failed or capsules are kept;
 // otherwise removes the capsule this trial created, and its marker.
-void finish_capsule(TrialResult& result, StepRecord& record, const TrialContext& context) {
+void finish_capsule(TrialResult& result, StepRecord& record, const TrialRequest& context) {
   if (!record.capsule_error.empty()) result.details["capsule_error"] = record.capsule_error;
   if (!record.capsule) return;
   const bool mismatch = std::any_of(result.metrics.begin(), result.metrics.end(),
@@ -472,7 +472,7 @@ void finish_capsule(TrialResult& result, StepRecord& record, const TrialContext&
 
 }  // namespace
 
-TrialResult run_attention_step(const spec::Spec& spec, const TrialContext& context) {
+TrialResult run_attention_step(const spec::Spec& spec, const TrialRequest& context) {
   const auto found = std::find_if(spec.variants.begin(), spec.variants.end(),
                                   [&](const spec::Variant& v) { return v.name == context.variant; });
   if (found == spec.variants.end()) throw std::invalid_argument("unknown variant '" + context.variant + "'");

@@ -20,6 +20,6 @@ namespace harness::kinds {
 //! (tests only) crash, abort, throw or hang as asked.
 //! `context.memory_limit_bytes` > 0 caps the device's memory for the step (not for the reference check
 //! that follows it), so that a large GPU behaves like the smaller one a failure happened on.
-TrialResult run_attention_step(const spec::Spec& spec, const TrialContext& context);
+TrialResult run_attention_step(const spec::Spec& spec, const TrialRequest& context);
 
 }  // namespace harness::kinds

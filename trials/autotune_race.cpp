@@ -239,7 +239,7 @@ RaceOutcome run_race(const RaceOptions& options) {
   return outcome;
 }
 
-TrialResult run_autotune_race(const spec::Spec& spec, const TrialContext& context) {
+TrialResult run_autotune_race(const spec::Spec& spec, const TrialRequest& context) {
   TrialResult result;
   const nlohmann::json& params = spec.params;
   RaceOptions options;

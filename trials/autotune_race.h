@@ -69,6 +69,6 @@ ProportionInterval wilson_interval(int64_t failures, int64_t trials, double z = 
 
 //! Runs one trial of kind autotune_race: `spec.repeats` batches of params.trials rounds. Counts and
 //! the failure rate with its Wilson 95 % interval are over all rounds; elapsed_ms is per batch.
-TrialResult run_autotune_race(const spec::Spec& spec, const TrialContext& context);
+TrialResult run_autotune_race(const spec::Spec& spec, const TrialRequest& context);
 
 }  // namespace harness::kinds

@@ -586,7 +586,7 @@ CacheDamageOutcome run_cache_damage(const std::string& damage, int trials, uint6
   return outcome;
 }
 
-TrialResult run_cache_corruption(const spec::Spec& spec, const TrialContext& context) {
+TrialResult run_cache_corruption(const spec::Spec& spec, const TrialRequest& context) {
   const std::string damage = variant_impl(spec, context.variant);
   const int keys = spec.params.value("keys", 16);
   std::string pattern = (fs::temp_directory_path() / "harness_cache_corruption_XXXXXX").string();

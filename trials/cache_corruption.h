@@ -58,6 +58,6 @@ CacheDamageOutcome run_cache_damage(const std::string& damage, int trials, uint6
 //! Runs one trial of kind cache_corruption: spec.repeats trials of the variant's damage, in a
 //! temporary folder removed afterwards. Metrics are over all of them (detected and recovered as
 //! fractions of the trials).
-TrialResult run_cache_corruption(const spec::Spec& spec, const TrialContext& context);
+TrialResult run_cache_corruption(const spec::Spec& spec, const TrialRequest& context);
 
 }  // namespace harness::kinds

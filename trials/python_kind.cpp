@@ -131,7 +131,7 @@ TrialResult failed(const std::string& status, const std::string& error, nlohmann
 
 }  // namespace
 
-TrialResult run_python(const spec::Spec& spec, const TrialContext& context) {
+TrialResult run_python(const spec::Spec& spec, const TrialRequest& context) {
   nlohmann::json details = {{"variant", context.variant}, {"python", context.python}};
   PythonParams params;
   try {

@@ -29,6 +29,6 @@
 namespace harness::kinds {
 
 //! Runs one trial of kind python: the script for `context.variant` on `context.device`.
-TrialResult run_python(const spec::Spec& spec, const TrialContext& context);
+TrialResult run_python(const spec::Spec& spec, const TrialRequest& context);
 
 }  // namespace harness::kinds

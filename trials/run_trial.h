@@ -8,6 +8,6 @@
 namespace harness::kinds {
 
 //! Runs the trial with the runner of `spec.kind`. Throws std::invalid_argument for an unknown kind.
-TrialResult run_trial(const spec::Spec& spec, const TrialContext& context);
+TrialResult run_trial(const spec::Spec& spec, const TrialRequest& context);
 
 }  // namespace harness::kinds

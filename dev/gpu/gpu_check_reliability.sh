@@ -17,7 +17,7 @@ HARNESS_ALLOW_FAULTS=1 "$harness" run "$root/tests/cli/faults.json" --device cud
 parent=$!
 child=""
 for _ in $(seq 600); do  # up to 60 s for the child to start and allocate
-  child=$(pgrep -P "$parent" -f "__trial.*--variant hang" || true)
+  child=$(pgrep -P "$parent" -f "__trial --request .*\.hang\.request\.json" || true)
   if [[ -n "$child" ]] && nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -qw "$child"; then break; fi
   sleep 0.1
 done

@@ -1,6 +1,8 @@
 #include "experiments/kinds/trial.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <type_traits>
 
 namespace harness::kinds {
 
@@ -52,6 +54,86 @@ TrialResult trial_result_from_json(const nlohmann::json& json) {
     result.artifacts.push_back({a.value("kind", ""), a.value("sha256", ""), a.value("path", ""),
                                 a.value("bytes", int64_t{0})});
   return result;
+}
+
+namespace {
+
+// The request's fields, each read and written by one entry: JSON name, and how to move it.
+template <typename Visit>
+void visit_fields(Visit&& visit, TrialRequest& request) {
+  visit("spec_file", request.spec_file);
+  visit("variant", request.variant);
+  visit("device", request.device);
+  visit("devices", request.devices);
+  visit("result_path", request.result_path);
+  visit("memory_limit_bytes", request.memory_limit_bytes);
+  visit("allow_faults", request.allow_faults);
+  visit("python", request.python);
+  visit("spec_dir", request.spec_dir);
+  visit("artifact_dir", request.artifact_dir);
+  visit("keep_capsules", request.keep_capsules);
+  visit("memory_snapshot", request.memory_snapshot);
+  visit("trace", request.trace);
+  visit("replay_capsule", request.replay_capsule);
+  visit("judge_outputs", request.judge_outputs);
+  visit("timeout_s", request.timeout_s);
+}
+
+template <typename T>
+bool has_type(const nlohmann::json& value) {
+  if constexpr (std::is_same_v<T, std::string>) return value.is_string();
+  if constexpr (std::is_same_v<T, bool>) return value.is_boolean();
+  if constexpr (std::is_same_v<T, int64_t>) return value.is_number_integer();
+  if constexpr (std::is_same_v<T, double>) return value.is_number();
+  if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    if (!value.is_array()) return false;
+    for (const auto& element : value)
+      if (!element.is_string()) return false;
+    return true;
+  }
+  return false;
+}
+
+template <typename T>
+const char* type_text() {
+  if constexpr (std::is_same_v<T, std::string>) return "a string";
+  if constexpr (std::is_same_v<T, bool>) return "true or false";
+  if constexpr (std::is_same_v<T, int64_t>) return "an integer";
+  if constexpr (std::is_same_v<T, double>) return "a number";
+  return "an array of strings";
+}
+
+}  // namespace
+
+nlohmann::json to_json(const TrialRequest& request) {
+  nlohmann::json json = nlohmann::json::object();
+  TrialRequest copy = request;
+  visit_fields([&](const char* name, const auto& field) { json[name] = field; }, copy);
+  return json;
+}
+
+TrialRequest trial_request_from_json(const nlohmann::json& json) {
+  if (!json.is_object()) throw std::invalid_argument("a trial request is a JSON object, got " + std::string(json.type_name()));
+  TrialRequest request;
+  size_t known = 0;
+  visit_fields(
+      [&](const char* name, auto& field) {
+        using T = std::decay_t<decltype(field)>;
+        const auto found = json.find(name);
+        if (found == json.end()) return;
+        ++known;
+        if (!has_type<T>(*found))
+          throw std::invalid_argument(std::string("trial request field \"") + name + "\": expected " + type_text<T>() +
+                                      ", got " + found->dump().substr(0, 80));
+        field = found->get<T>();
+      },
+      request);
+  if (known != json.size()) {
+    const nlohmann::json defaults = to_json(TrialRequest{});
+    for (const auto& [key, value] : json.items())
+      if (!defaults.contains(key)) throw std::invalid_argument("trial request field \"" + key + "\" is not one a trial has");
+  }
+  return request;
 }
 
 }  // namespace harness::kinds

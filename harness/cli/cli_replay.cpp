@@ -323,26 +323,27 @@ int run_replay(const ReplayArgs& args, const GlobalOptions& options) {
   if (memory_limit_bytes > 0) row.args["memory_limit_bytes"] = memory_limit_bytes;
   const int64_t run_id = store.begin_run(row);
 
-  TrialLaunch launch;
-  launch.spec_file = scratch.file("spec.json");
-  write_file_atomic(launch.spec_file, spec.resolved.dump(2));
-  launch.variant = variant;
-  launch.device = device;
-  launch.result_path = scratch.file("result.json");
-  launch.memory_limit_bytes = memory_limit_bytes;
-  launch.allow_faults = allow_faults;
-  launch.artifact_dir = artifact_dir_for(options.db_path);
-  launch.keep_capsules = true;  // the replay's outputs are what it is compared by
-  launch.replay_capsule = source.capsule.path;
+  kinds::TrialRequest request;
+  request.spec_file = scratch.file("spec.json");
+  write_file_atomic(request.spec_file, spec.resolved.dump(2));
+  request.variant = variant;
+  request.device = device;
+  request.devices = {device};
+  request.result_path = scratch.file("result.json");
+  request.memory_limit_bytes = memory_limit_bytes;
+  request.allow_faults = allow_faults;
+  request.artifact_dir = artifact_dir_for(options.db_path);
+  request.keep_capsules = true;  // the replay's outputs are what it is compared by
+  request.replay_capsule = source.capsule.path;
   // An imported step's own outputs (those of the program that saved it) are judged too.
-  if (!source.trial && source.outputs) launch.judge_outputs = source.outputs->path;
-  launch.timeout_s = spec.timeout_s;
+  if (!source.trial && source.outputs) request.judge_outputs = source.outputs->path;
+  request.timeout_s = spec.timeout_s;
   if (!options.json)
     std::cerr << fmt::format("run {}: replaying {} ({}) with variant {} on {}\n", run_id, source.label,
                              source.capsule.sha256.substr(0, 12), variant, device);
   const std::string started_at = db::now_iso8601();
-  const ChildOutcome outcome = run_child(trial_command(launch, options));
-  RecordedTrial recorded = record_trial(variant, source.point, outcome, launch.result_path, options.db_path);
+  const ChildOutcome outcome = run_child(trial_command(request, options));
+  RecordedTrial recorded = record_trial(variant, source.point, outcome, request.result_path, options.db_path);
   recorded.trial.started_at = started_at;
   store_trial(store, run_id, recorded);
   const db::Trial& replayed = recorded.trial;

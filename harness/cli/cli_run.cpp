@@ -47,10 +47,9 @@ struct RunArgs {
   std::vector<std::string> fail_on;
   std::string memory_limit;
   bool memory_limit_given = false;  //!< --memory-limit was on the command line (even as '')
-  std::string python = "python3";
-  bool keep_capsules = false;
-  bool memory_snapshot = false;
-  bool trace = false;
+  //! What every trial of the run is asked besides its point (--python, --keep-capsules,
+  //! --memory-snapshot, --trace bind to it; device, caps and the artifact folder are set once known).
+  kinds::TrialRequest trial;
   double env_timeout_s = 180.0;
   // Slurm (docs/RUNNING.md, "On a Slurm cluster").
   bool slurm = false;
@@ -212,6 +211,20 @@ void check_slurm_args(const RunArgs& args) {
 
 // `harness run --slurm`: the plan becomes one job array (one task per --trials-per-task trials);
 // without --no-wait the job is followed and its shards merged as its tasks end.
+// What every trial of this invocation is asked, locally and on Slurm alike: the run's flags, the
+// devices (the first is the device of a one-device run; a worker sets its own), the memory cap and
+// the db's artifact folder.
+kinds::TrialRequest trial_base(const RunArgs& args, const std::vector<std::string>& devices, int64_t memory_limit_bytes,
+                               bool allow_faults, const GlobalOptions& options) {
+  kinds::TrialRequest base = args.trial;
+  base.device = devices.front();
+  base.devices = devices;
+  base.memory_limit_bytes = memory_limit_bytes;
+  base.allow_faults = allow_faults;
+  base.artifact_dir = artifact_dir_for(options.db_path);
+  return base;
+}
+
 int run_on_slurm(const RunArgs& args, std::vector<PlannedRun>& runs, const std::string& device,
                  int64_t memory_limit_bytes, bool allow_faults, const GlobalOptions& options) {
   // The run folder, its logs and the db are named in the batch script (#SBATCH --output, comments).
@@ -228,13 +241,7 @@ int run_on_slurm(const RunArgs& args, std::vector<PlannedRun>& runs, const std::
   submit.trials_per_task = args.trials_per_task;
   submit.dry_run = args.slurm_dry_run;
   submit.run_dir = args.slurm_dir;
-  submit.settings.device = device;
-  submit.settings.memory_limit_bytes = memory_limit_bytes;
-  submit.settings.allow_faults = allow_faults;
-  submit.settings.python = args.python;
-  submit.settings.keep_capsules = args.keep_capsules;
-  submit.settings.artifact_dir = artifact_dir_for(options.db_path);
-  submit.settings.db_path = options.db_path;
+  submit.trial = trial_base(args, {device}, memory_limit_bytes, allow_faults, options);
   submit.args_base = {{"set", args.overrides}, {"requested_device", args.device}};
   if (memory_limit_bytes > 0) submit.args_base["memory_limit_bytes"] = memory_limit_bytes;
   if (args.slurm_dry_run) {
@@ -316,31 +323,34 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
     spec_paths.push_back(*path);
   }
   const bool allow_faults = faults_allowed();
-  // Each spec is read once (bounded: core/json_input.h) and validated as it will run: its profile
-  // (--profile, else the spec's cpu profile on the CPU), then --set, then everything checked. With
-  // --device auto the device is known only after the probe: a spec valid with or without its cpu
-  // profile goes on, and is validated again below once the probe has said which.
-  const auto load_options = [&](std::optional<bool> on_cpu) {
+  // Each spec is read once (bounded: core/json_input.h) and resolved once as it will run: its
+  // profile (--profile, else the spec's cpu profile on the CPU), then --model and --set, then every
+  // point checked (Spec::points, which the plan uses). With --device auto the device is known only
+  // after the probe: a spec valid with or without its cpu profile goes on, and is resolved again
+  // below once the probe has said which.
+  const auto load_options = [&](bool on_cpu) {
     spec::LoadOptions load;
     load.overrides = args.overrides;
     load.model = args.model;
     load.allow_faults = allow_faults;
     load.profile = args.profile;
-    if (args.profile.empty() && !args.no_profile && on_cpu.value_or(false)) load.implicit_profile = "cpu";
+    if (args.profile.empty() && !args.no_profile && on_cpu) load.implicit_profile = "cpu";
     return load;
   };
-  const std::optional<bool> known_cpu =
-      devices.front() == "auto" ? std::nullopt : std::optional<bool>(devices.front() == "cpu");
+  const bool device_known = devices.front() != "auto";
   std::vector<spec::SpecIssue> issues;
   size_t issues_more = 0;
   std::vector<std::string> texts;
+  std::vector<std::optional<spec::Spec>> loaded;  // as they will run, when the device was named
   for (const std::string& path : spec_paths) {
+    loaded.emplace_back();
     try {
       texts.push_back(spec::read_spec_text(path));
       try {
-        spec::load_spec_text(texts.back(), path, load_options(known_cpu));
+        spec::Spec spec = spec::load_spec_text(texts.back(), path, load_options(devices.front() == "cpu"));
+        if (device_known) loaded.back() = std::move(spec);
       } catch (const spec::SpecError& error) {
-        if (known_cpu) throw;
+        if (device_known) throw;
         try {
           spec::load_spec_text(texts.back(), path, load_options(true));  // valid on the CPU: the probe decides
         } catch (const spec::SpecError&) {
@@ -370,14 +380,14 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
   for (size_t i = 0; i < spec_paths.size(); ++i) {
     PlannedRun run;
     run.spec_path = spec_paths[i];
-    run.spec = spec::load_spec_text(texts[i], spec_paths[i], load_options(on_cpu));
+    run.spec = loaded[i] ? std::move(*loaded[i]) : spec::load_spec_text(texts[i], spec_paths[i], load_options(on_cpu));
     plan_points(run);
     if (run.spec.kind == "python" && !python_env && !on_slurm) {
       // An interpreter that cannot run fails each trial with the reason; the env says so too.
       try {
-        python_env = python_fingerprint(args.python, args.env_timeout_s);
+        python_env = python_fingerprint(args.trial.python, args.env_timeout_s);
       } catch (const std::exception& error) {
-        python_env = nlohmann::json{{"interpreter", args.python}, {"error", error.what()}};
+        python_env = nlohmann::json{{"interpreter", args.trial.python}, {"error", error.what()}};
       }
     }
     runs.push_back(std::move(run));
@@ -391,7 +401,6 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
     // Test-only: the fault suite's disk-full case where no small file system can be mounted.
     store.limit_pages(std::atoll(pages));
   }
-  const std::string artifact_dir = artifact_dir_for(options.db_path);
   std::vector<Job> jobs;
   for (size_t r = 0; r < runs.size(); ++r) {
     PlannedRun& run = runs[r];
@@ -406,7 +415,7 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
     row.args = {{"experiment", run.spec.name}, {"spec_path", run.spec_path}, {"set", args.overrides},
                 {"requested_device", args.devices.empty() ? args.device : args.devices}};
     if (memory_limit_bytes > 0) row.args["memory_limit_bytes"] = memory_limit_bytes;
-    if (run.spec.kind == "python") row.args["python"] = args.python;
+    if (run.spec.kind == "python") row.args["python"] = args.trial.python;
     run.run_id = store.begin_run(row);
     for (size_t p = 0; p < run.points.size(); ++p) {
       run.point_files.push_back(scratch.file(fmt::format("spec-{}-{}.json", run.run_id, p)));
@@ -425,16 +434,7 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
                                  run.spec.variants.size() == 1 ? "" : "s"));
   }
 
-  TrialSettings settings;
-  settings.devices = devices;
-  settings.memory_limit_bytes = memory_limit_bytes;
-  settings.allow_faults = allow_faults;
-  settings.python = args.python;
-  settings.keep_capsules = args.keep_capsules;
-  settings.memory_snapshot = args.memory_snapshot;
-  settings.trace = args.trace;
-  settings.artifact_dir = artifact_dir;
-  settings.db_path = options.db_path;
+  const kinds::TrialRequest base = trial_base(args, devices, memory_limit_bytes, allow_faults, options);
   std::mutex mutex;  // guards the queue, the store, the runs, storage_error and the progress display
   std::deque<Job> queue(jobs.begin(), jobs.end());
   size_t sequence = 0;
@@ -468,10 +468,10 @@ int run_experiments(const RunArgs& args, const GlobalOptions& options) {
         std::lock_guard lock(mutex);
         progress.started(what);
       }
-      TrialSettings trial_settings = settings;
-      trial_settings.device = device;
-      RecordedTrial recorded =
-          execute_trial(run, job, trial_settings, scratch.file(fmt::format("result-{}.json", index)), options);
+      kinds::TrialRequest request = base;
+      request.device = device;
+      RecordedTrial recorded = execute_trial(run, job, request, scratch.file(fmt::format("result-{}.json", index)),
+                                             options.db_path, options);
 
       std::lock_guard lock(mutex);
       if (!storage_error.empty()) return;  // another worker's store failed: this trial cannot be kept either
@@ -563,12 +563,12 @@ Action add_run_command(CLI::App& app, GlobalOptions& options) {
       ->add_option("--memory-limit", args->memory_limit,
                    "Cap the device memory of each trial's step (e.g. 96GiB), to reproduce an OOM of a smaller GPU")
       ->each([args](const std::string&) { args->memory_limit_given = true; });
-  command->add_option("--python", args->python, "Interpreter for python experiments (default python3)");
-  command->add_flag("--keep-capsules", args->keep_capsules, "Keep the capsules of trials that succeed too");
-  command->add_flag("--memory-snapshot", args->memory_snapshot,
+  command->add_option("--python", args->trial.python, "Interpreter for python experiments (default python3)");
+  command->add_flag("--keep-capsules", args->trial.keep_capsules, "Keep the capsules of trials that succeed too");
+  command->add_flag("--memory-snapshot", args->trial.memory_snapshot,
                     "Keep the CUDA allocator snapshot of each trial's measured step (PyTorch's memory_viz opens it; "
                     "a trial that ends oom on CUDA keeps one always)");
-  command->add_flag("--trace", args->trace,
+  command->add_flag("--trace", args->trial.trace,
                     "Run each trial's measured step under the Kineto profiler and keep its Chrome trace (Perfetto opens it)");
   command->add_option("--fail-on", args->fail_on,
                       "Exit 1 when: failed (a trial crashed/timed out/errored), invalid (verdict INVALID or "

@@ -22,11 +22,29 @@ namespace harness {
 namespace {
 
 struct TrialArgs {
-  std::string spec_path;
-  kinds::TrialContext context;
-  std::string devices;
-  double deadline_s = 0.0;
+  std::string request_path;
 };
+
+// The request file the parent wrote (kinds::TrialRequest as JSON); UsageError naming the file and
+// the field when it is not one.
+kinds::TrialRequest read_request(const std::string& path) {
+  const auto json = nlohmann::json::parse(read_file(path), nullptr, false);
+  if (json.is_discarded()) throw UsageError(path + ": the trial request is not valid JSON");
+  kinds::TrialRequest request;
+  try {
+    request = kinds::trial_request_from_json(json);
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(path + ": " + error.what());
+  }
+  const std::pair<const char*, const std::string*> required[] = {
+      {"spec_file", &request.spec_file}, {"variant", &request.variant}, {"device", &request.device},
+      {"result_path", &request.result_path}};
+  for (const auto& [name, value] : required) {
+    if (value->empty()) throw UsageError(path + ": the trial request has no " + name);
+  }
+  if (request.devices.empty()) request.devices = {request.device};
+  return request;
+}
 
 // The child's own deadline: when the parent cannot end a hung trial (it is stopped, or gone and
 // PR_SET_PDEATHSIG did not fire), the child ends itself, leaving a timeout result for whoever
@@ -61,40 +79,18 @@ Action add_trial_command(CLI::App& app, GlobalOptions& options) {
   auto args = std::make_shared<TrialArgs>();
   auto* command = app.add_subcommand("__trial", "(internal) run one trial in this process");
   command->group("");
-  command->add_option("--spec", args->spec_path, "Resolved spec JSON")->required();
-  auto& context = args->context;
-  command->add_option("--variant", context.variant)->required();
-  command->add_option("--device", context.device)->required();
-  command->add_option("--devices", args->devices, "Every device of --devices, comma-separated");
-  command->add_option("--result", context.result_path)->required();
-  command->add_flag("--allow-faults", context.allow_faults);
-  command->add_option("--memory-limit", context.memory_limit_bytes, "Device memory cap in bytes (0: none)");
-  command->add_option("--python", context.python, "Interpreter of python specs");
-  command->add_option("--spec-dir", context.spec_dir, "Folder of the spec file");
-  command->add_option("--artifact-dir", context.artifact_dir, "Where capsules are written");
-  command->add_flag("--keep-capsules", context.keep_capsules);
-  command->add_flag("--memory-snapshot", context.memory_snapshot);
-  command->add_flag("--trace", context.trace);
-  command->add_option("--replay-capsule", context.replay_capsule, "Run the step recorded in this capsule");
-  command->add_option("--judge-outputs", context.judge_outputs,
-                      "Judge these recorded outputs of the step by the correctness check too");
-  command->add_option("--deadline-s", args->deadline_s, "End the trial (status timeout) after this many seconds");
+  command->add_option("--request", args->request_path, "The trial request (JSON) its parent wrote")->required();
   add_global_options(*command, options);
   return [args] {
     install_crash_report("harness __trial");  // a `crashed` trial keeps its native backtrace
-    start_deadline(args->deadline_s, args->context.result_path);
-    const auto resolved = nlohmann::json::parse(read_file(args->spec_path));
-    const spec::Spec spec = spec::parse_spec(resolved, args->spec_path, args->context.allow_faults);
-    kinds::TrialContext context = args->context;
-    for (size_t start = 0; start < args->devices.size();) {
-      const size_t comma = args->devices.find(',', start);
-      context.devices.push_back(args->devices.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
-    if (context.devices.empty()) context.devices = {context.device};
-    const kinds::TrialResult result = kinds::run_trial(spec, context);
-    write_file_atomic(context.result_path, kinds::to_json(result).dump());
+    const kinds::TrialRequest request = read_request(args->request_path);
+    // The child's own deadline, for when its parent cannot enforce one (stopped, or killed and
+    // this child somehow survived): a little after the parent's, so that normally the parent decides.
+    start_deadline(request.timeout_s + kChildDeadlineGraceS, request.result_path);
+    const auto resolved = nlohmann::json::parse(read_file(request.spec_file));
+    const spec::Spec spec = spec::parse_spec(resolved, request.spec_file, request.allow_faults);
+    const kinds::TrialResult result = kinds::run_trial(spec, request);
+    write_file_atomic(request.result_path, kinds::to_json(result).dump());
     return kExitOk;
   };
 }

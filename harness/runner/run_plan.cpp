@@ -57,33 +57,24 @@ void plan_points(PlannedRun& run) {
   run.outcomes.assign(run.points.size(), {});
 }
 
-RecordedTrial execute_trial(const PlannedRun& run, const Job& job, const TrialSettings& settings,
-                            const std::string& result_path, const GlobalOptions& options) {
+RecordedTrial execute_trial(const PlannedRun& run, const Job& job, const kinds::TrialRequest& base,
+                            const std::string& result_path, const std::string& db_path, const GlobalOptions& options) {
   const spec::Variant& variant = run.spec.variants[job.variant];
   const nlohmann::json& point = run.points[job.point];
-  TrialLaunch launch;
-  launch.spec_file = run.point_files[job.point];
-  launch.variant = variant.name;
-  launch.device = settings.device;
-  launch.devices = settings.devices;
-  launch.result_path = result_path;
-  launch.memory_limit_bytes = settings.memory_limit_bytes;
-  launch.allow_faults = settings.allow_faults;
-  if (run.spec.kind == "python") launch.python = settings.python;
-  launch.spec_dir = fs::absolute(fs::path(run.spec_path)).parent_path().string();
-  launch.artifact_dir = settings.artifact_dir;
-  launch.keep_capsules = settings.keep_capsules;
-  launch.memory_snapshot = settings.memory_snapshot;
-  launch.trace = settings.trace;
-  launch.timeout_s = run.spec.timeout_s;
+  kinds::TrialRequest request = base;
+  request.spec_file = run.point_files[job.point];
+  request.variant = variant.name;
+  request.result_path = result_path;
+  request.spec_dir = fs::absolute(fs::path(run.spec_path)).parent_path().string();
+  request.timeout_s = run.spec.timeout_s;
   const std::string started_at = db::now_iso8601();
   const ChildOutcome outcome =
-      run_child(trial_command(launch, options), [](const std::string& line) { spdlog::debug("child: {}", line); });
-  RecordedTrial recorded = record_trial(variant.name, point, outcome, launch.result_path, settings.db_path);
+      run_child(trial_command(request, options), [](const std::string& line) { spdlog::debug("child: {}", line); });
+  RecordedTrial recorded = record_trial(variant.name, point, outcome, request.result_path, db_path);
   recorded.trial.started_at = started_at;
   if (run.spec.kind == "attention_step") {
     const auto predicted =
-        model_metrics(run.point_specs[job.point], point, variant.name, settings.device, recorded.trial.dispatch);
+        model_metrics(run.point_specs[job.point], point, variant.name, request.device, recorded.trial.dispatch);
     recorded.metrics.insert(recorded.metrics.end(), predicted.begin(), predicted.end());
   }
   return recorded;

@@ -43,24 +43,13 @@ struct Job {
 //! Fills points, point_specs and outcomes from run.spec.
 void plan_points(PlannedRun& run);
 
-//! Everything a trial's launch needs beyond its point and variant.
-struct TrialSettings {
-  std::string device;
-  std::vector<std::string> devices;
-  int64_t memory_limit_bytes = 0;
-  bool allow_faults = false;
-  std::string python;  //!< interpreter for python kinds
-  bool keep_capsules = false;
-  bool memory_snapshot = false;  //!< --memory-snapshot: keep the allocator's snapshot of the measured step
-  bool trace = false;            //!< --trace: keep a Kineto trace of the measured step
-  std::string artifact_dir;
-  std::string db_path;  //!< artifact paths are stored relative to this db's folder
-};
-
 //! Runs one trial of `run` in its child process and returns its rows (with the memory model's
-//! predictions beside an attention_step's measurements).
-RecordedTrial execute_trial(const PlannedRun& run, const Job& job, const TrialSettings& settings,
-                            const std::string& result_path, const GlobalOptions& options);
+//! predictions beside an attention_step's measurements). `base` holds what every trial of the
+//! invocation shares (device, devices, caps, flags, artifact folder); the job fills in its point's
+//! spec file, variant, spec folder, result file and timeout. Artifact paths are stored relative
+//! to `db_path`'s folder.
+RecordedTrial execute_trial(const PlannedRun& run, const Job& job, const kinds::TrialRequest& base,
+                            const std::string& result_path, const std::string& db_path, const GlobalOptions& options);
 
 //! Adds a recorded trial's outcome to the run's outcomes (by point and variant).
 void note_outcome(PlannedRun& run, size_t point, const RecordedTrial& recorded);

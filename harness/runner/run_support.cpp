@@ -140,32 +140,14 @@ std::pair<std::string, nlohmann::json> probe_device(const std::string& device, c
   return {json.at("device").get<std::string>(), json.at("env")};
 }
 
-ChildCommand trial_command(const TrialLaunch& launch, const GlobalOptions& options) {
+ChildCommand trial_command(const kinds::TrialRequest& request, const GlobalOptions& options) {
+  std::string request_path = request.result_path;
+  if (request_path.ends_with(".json")) request_path.resize(request_path.size() - 5);
+  request_path += "." + request.variant + ".request.json";
+  write_file_atomic(request_path, kinds::to_json(request).dump(2));
   ChildCommand command;
-  command.argv = {self_executable(), "__trial",  "--spec",   launch.spec_file,   "--variant",   launch.variant,
-                  "--device",        launch.device, "--result", launch.result_path, "--log-level", options.log_level};
-  if (!launch.devices.empty()) {
-    std::string joined;
-    for (const auto& device : launch.devices) joined += (joined.empty() ? "" : ",") + device;
-    command.argv.insert(command.argv.end(), {"--devices", joined});
-  }
-  if (launch.allow_faults) command.argv.push_back("--allow-faults");
-  if (launch.memory_limit_bytes > 0)
-    command.argv.insert(command.argv.end(), {"--memory-limit", std::to_string(launch.memory_limit_bytes)});
-  if (!launch.python.empty()) command.argv.insert(command.argv.end(), {"--python", launch.python});
-  if (!launch.spec_dir.empty()) command.argv.insert(command.argv.end(), {"--spec-dir", launch.spec_dir});
-  if (!launch.artifact_dir.empty()) command.argv.insert(command.argv.end(), {"--artifact-dir", launch.artifact_dir});
-  if (launch.keep_capsules) command.argv.push_back("--keep-capsules");
-  if (launch.memory_snapshot) command.argv.push_back("--memory-snapshot");
-  if (launch.trace) command.argv.push_back("--trace");
-  if (!launch.replay_capsule.empty())
-    command.argv.insert(command.argv.end(), {"--replay-capsule", launch.replay_capsule});
-  if (!launch.judge_outputs.empty())
-    command.argv.insert(command.argv.end(), {"--judge-outputs", launch.judge_outputs});
-  command.timeout_s = launch.timeout_s;
-  // The child's own deadline, for when this process cannot enforce one (stopped, or killed and
-  // the child somehow survived): a little after ours, so that normally ours decides.
-  command.argv.insert(command.argv.end(), {"--deadline-s", fmt::format("{:.3f}", launch.timeout_s + kChildDeadlineGraceS)});
+  command.argv = {self_executable(), "__trial", "--request", request_path, "--log-level", options.log_level};
+  command.timeout_s = request.timeout_s;
   return command;
 }
 

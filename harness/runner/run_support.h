@@ -14,6 +14,7 @@
 #include "db/store.h"
 #include "core/files.h"
 #include "core/trial_runner.h"
+#include "experiments/kinds/trial.h"
 #include "harness/runner/common.h"
 
 namespace harness {
@@ -50,33 +51,15 @@ std::vector<std::string> parse_device_list(const std::string& list);
 std::pair<std::string, nlohmann::json> probe_device(const std::string& device, const GlobalOptions& options,
                                                     const ScratchDir& scratch, double timeout_s);
 
-//! What a `__trial` child is started with.
-struct TrialLaunch {
-  std::string spec_file;      //!< the resolved spec of one point
-  std::string variant;
-  std::string device;
-  std::vector<std::string> devices;  //!< all devices of the run (kinds that use several)
-  std::string result_path;
-  int64_t memory_limit_bytes = 0;
-  bool allow_faults = false;
-  std::string python;         //!< "" for the default
-  std::string spec_dir;
-  std::string artifact_dir;
-  bool keep_capsules = false;
-  bool memory_snapshot = false;  //!< keep the measured step's CUDA allocator snapshot
-  bool trace = false;            //!< keep a Kineto trace of the measured step
-  std::string replay_capsule;
-  std::string judge_outputs;  //!< an outputs capsule to judge by the correctness check too
-  double timeout_s = 600.0;
-};
-
-//! Seconds after the parent's timeout at which a trial child ends itself (`__trial --deadline-s`).
+//! Seconds after the parent's timeout at which a trial child ends itself (the request's timeout_s + this).
 inline constexpr double kChildDeadlineGraceS = 10.0;
 //! Exit code of a trial child that ended itself at its deadline (after writing a timeout result).
 inline constexpr int kExitChildDeadline = 124;
 
-//! The child command for a trial.
-ChildCommand trial_command(const TrialLaunch& launch, const GlobalOptions& options);
+//! The child command for a trial: writes `request` into its request file beside the result file
+//! (`<result>.<variant>.request.json`, so that `ps` shows which variant a child runs) and returns
+//! `harness __trial --request FILE`, timed out at request.timeout_s.
+ChildCommand trial_command(const kinds::TrialRequest& request, const GlobalOptions& options);
 
 //! A finished trial as db rows: the trial, its metrics and artifacts (artifact paths relative to
 //! the db's folder).

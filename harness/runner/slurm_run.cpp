@@ -66,17 +66,24 @@ std::vector<int> shard_attempts(const std::string& run_dir, int task) {
   return attempts;
 }
 
+// The manifest's layout: 2 keeps what each trial is asked as a kinds::TrialRequest ("trial").
+constexpr int kManifestVersion = 2;
+
 nlohmann::json read_manifest(const std::string& path) {
   const auto manifest = nlohmann::json::parse(read_file(path), nullptr, false);
   if (manifest.is_discarded() || !manifest.is_object() || !manifest.contains("tasks"))
     throw InfraError(path + ": not a harness Slurm manifest");
+  if (manifest.value("version", 0) != kManifestVersion)
+    throw InfraError(fmt::format("{}: a manifest of version {}, written by another harness release (this one reads "
+                                 "version {}); follow or collect the job with the harness that submitted it",
+                                 path, manifest.value("version", 0), kManifestVersion));
   return manifest;
 }
 
 // The planned runs of a manifest, as the submitting `harness run` had them.
 std::vector<PlannedRun> runs_of(const nlohmann::json& manifest) {
   std::vector<PlannedRun> runs;
-  const bool allow_faults = manifest.at("settings").value("allow_faults", false);
+  const bool allow_faults = manifest.at("trial").value("allow_faults", false);
   for (const auto& entry : manifest.at("runs")) {
     PlannedRun run;
     run.spec_path = entry.at("spec_path").get<std::string>();
@@ -92,20 +99,13 @@ std::vector<PlannedRun> runs_of(const nlohmann::json& manifest) {
   return runs;
 }
 
-TrialSettings settings_of(const nlohmann::json& manifest) {
-  const auto& entry = manifest.at("settings");
-  TrialSettings settings;
-  settings.device = entry.at("device").get<std::string>();
-  settings.devices = entry.value("devices", std::vector<std::string>{});
-  settings.memory_limit_bytes = entry.value("memory_limit_bytes", int64_t{0});
-  settings.allow_faults = entry.value("allow_faults", false);
-  settings.python = entry.value("python", "python3");
-  settings.keep_capsules = entry.value("keep_capsules", false);
-  settings.memory_snapshot = entry.value("memory_snapshot", false);
-  settings.trace = entry.value("trace", false);
-  settings.artifact_dir = entry.at("artifact_dir").get<std::string>();
-  settings.db_path = manifest.at("db").get<std::string>();
-  return settings;
+// What each trial of the manifest is asked besides its point (kinds::TrialRequest's run-wide part).
+kinds::TrialRequest trial_base_of(const nlohmann::json& manifest) {
+  try {
+    return kinds::trial_request_from_json(manifest.at("trial"));
+  } catch (const std::exception& error) {
+    throw InfraError(std::string("the manifest's trial request: ") + error.what());
+  }
 }
 
 std::string format_duration(double seconds) {
@@ -265,8 +265,8 @@ std::vector<int64_t> submit_runs(std::vector<PlannedRun>& runs, const std::vecto
   script.manifest = run_dir + "/manifest.json";
   script.description = fmt::format(
       "harness run {} --slurm: {} trial{} in {} array task{} on device {}{}, db {}", names, jobs.size(),
-      jobs.size() == 1 ? "" : "s", tasks.size(), tasks.size() == 1 ? "" : "s", submit.settings.device,
-      submit.settings.device == "cuda" ? " (the first GPU Slurm gives the task)" : "", db_path);
+      jobs.size() == 1 ? "" : "s", tasks.size(), tasks.size() == 1 ? "" : "s", submit.trial.device,
+      submit.trial.device == "cuda" ? " (the first GPU Slurm gives the task)" : "", db_path);
   script.trial_lines = trial_lines;
   if (submit.dry_run) {
     std::cout << batch_script(script);
@@ -279,7 +279,7 @@ std::vector<int64_t> submit_runs(std::vector<PlannedRun>& runs, const std::vecto
     fs::create_directories(run_dir + sub, error);
     if (error) throw InfraError(fmt::format("cannot create {}: {}", run_dir + sub, error.message()));
   }
-  nlohmann::json manifest = {{"version", 1},
+  nlohmann::json manifest = {{"version", kManifestVersion},
                              {"token", token},
                              {"db", db_path},
                              {"run_dir", run_dir},
@@ -288,22 +288,15 @@ std::vector<int64_t> submit_runs(std::vector<PlannedRun>& runs, const std::vecto
                              {"runs", nlohmann::json::array()},
                              {"trials", nlohmann::json::array()},
                              {"tasks", tasks}};
-  const TrialSettings& settings = submit.settings;
-  manifest["settings"] = {{"device", settings.device},
-                          {"devices", settings.devices},
-                          {"memory_limit_bytes", settings.memory_limit_bytes},
-                          {"allow_faults", settings.allow_faults},
-                          {"python", settings.python},
-                          {"keep_capsules", settings.keep_capsules},
-                          {"memory_snapshot", settings.memory_snapshot},
-                          {"trace", settings.trace},
-                          {"artifact_dir", absolute(settings.artifact_dir)}};
+  kinds::TrialRequest trial = submit.trial;
+  trial.artifact_dir = absolute(trial.artifact_dir);
+  manifest["trial"] = kinds::to_json(trial);
   std::vector<int64_t> run_ids;
   for (size_t r = 0; r < runs.size(); ++r) {
     PlannedRun& run = runs[r];
     db::Run row;
     row.experiment_id = store.put_experiment(run.spec.name, run.spec.resolved);
-    row.device = settings.device;
+    row.device = trial.device;
     row.profile = run.spec.profile;
     row.args = submit.args_base;
     row.args["slurm"] = {{"token", token},
@@ -552,7 +545,7 @@ int run_task(const std::string& manifest_path, const GlobalOptions& options) {
     throw UsageError(fmt::format("array task {} is not in {} ({} tasks)", task, manifest_path, manifest.at("tasks").size()));
   const std::string run_dir = manifest.at("run_dir").get<std::string>();
   std::vector<PlannedRun> runs = runs_of(manifest);
-  TrialSettings settings = settings_of(manifest);
+  kinds::TrialRequest base = trial_base_of(manifest);
   std::cerr << fmt::format("harness slurm task {} attempt {} on {} (job {}_{}, CUDA_VISIBLE_DEVICES={})\n", task,
                            attempt, node, array_job_id, task,
                            std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "unset");
@@ -577,8 +570,9 @@ int run_task(const std::string& manifest_path, const GlobalOptions& options) {
   install_interrupt_handlers();
   ScratchDir scratch;
   // The device Slurm gave this task: "cuda" is the first GPU of CUDA_VISIBLE_DEVICES.
-  auto [device, env] = probe_device(settings.device, options, scratch, 180.0);
-  settings.device = device;
+  auto [device, env] = probe_device(base.device, options, scratch, 180.0);
+  base.device = device;
+  base.devices = {device};
   std::optional<nlohmann::json> python_env;
 
   const std::string path = shard_path(run_dir, task, attempt);
@@ -595,9 +589,9 @@ int run_task(const std::string& manifest_path, const GlobalOptions& options) {
     if (run.spec.kind == "python") {
       if (!python_env) {
         try {
-          python_env = python_fingerprint(settings.python, 180.0);
+          python_env = python_fingerprint(base.python, 180.0);
         } catch (const std::exception& error) {
-          python_env = nlohmann::json{{"interpreter", settings.python}, {"error", error.what()}};
+          python_env = nlohmann::json{{"interpreter", base.python}, {"error", error.what()}};
         }
       }
       run_env["python"] = *python_env;
@@ -629,7 +623,8 @@ int run_task(const std::string& manifest_path, const GlobalOptions& options) {
     Job job{entry.at("run").get<size_t>(), entry.at("point").get<size_t>(), entry.at("variant").get<size_t>()};
     const PlannedRun& run = runs[job.run];
     RecordedTrial recorded =
-        execute_trial(run, job, settings, scratch.file(fmt::format("result-{}.json", ++sequence)), options);
+        execute_trial(run, job, base, scratch.file(fmt::format("result-{}.json", ++sequence)),
+                      manifest.at("db").get<std::string>(), options);
     if (interrupt_requested()) {
       // Slurm signals every process of the task, the trial's child too: however the child ended,
       // the trial did not get its chance, and a requeued attempt must run it again.

@@ -25,7 +25,7 @@ struct SubmitOptions {
   bool dry_run = false;      //!< print the batch script, submit and write nothing
   bool wait = true;          //!< follow the job until every task is final
   std::string run_dir;       //!< "" for <db folder>/slurm/<token>
-  TrialSettings settings;    //!< device, memory limit, ... as each task runs its trials
+  kinds::TrialRequest trial;  //!< what each trial is asked besides its point (device as asked, caps, flags)
   nlohmann::json args_base = nlohmann::json::object();  //!< per run (by index): the local run's args
 };
 
