@@ -9,11 +9,12 @@
 
 namespace harness::kinds {
 
-TrialResult run_trial(const spec::Spec& spec, const TrialContext& context) {
-  if (spec.kind == "attention_step") return run_attention_step(spec, context);
-  if (spec.kind == "autotune_race") return run_autotune_race(spec, context);
-  if (spec.kind == "cache_corruption") return run_cache_corruption(spec, context);
-  if (spec.kind == "python") return run_python(spec, context);
+TrialResult run_trial(const spec::Spec& spec, const TrialRequest& request) {
+  // The runner of each line of experiments/kinds/kinds.def.
+#define HARNESS_KIND(kind_name, info, runner) \
+  if (spec.kind == #kind_name) return runner(spec, request);
+#include "experiments/kinds/kinds.def"
+#undef HARNESS_KIND
   throw std::invalid_argument("no runner for experiment kind \"" + spec.kind + "\"");
 }
 

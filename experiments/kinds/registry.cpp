@@ -1,10 +1,20 @@
 #include "experiments/kinds/registry.h"
 
+#include <stdexcept>
+
 namespace harness::kinds {
 
 const std::vector<KindInfo>& all_kinds() {
-  static const std::vector<KindInfo> kinds = {attention_step_kind(), autotune_race_kind(), cache_corruption_kind(),
-                                              python_kind()};
+  static const std::vector<KindInfo> kinds = [] {
+    std::vector<KindInfo> listed;
+    // Each line of kinds.def: its KindInfo, which must carry the name the line gives it.
+#define HARNESS_KIND(kind_name, info, runner)                                                          \
+  listed.push_back(info());                                                                            \
+  if (listed.back().name != #kind_name) throw std::logic_error("kinds.def: " #info "() names its kind " + listed.back().name);
+#include "experiments/kinds/kinds.def"
+#undef HARNESS_KIND
+    return listed;
+  }();
   return kinds;
 }
 

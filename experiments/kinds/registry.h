@@ -1,7 +1,8 @@
 #pragma once
 // The experiment kinds the spec validator knows: per kind, which variant implementations, which
-// measurements and verdict metrics exist, and how its "params" section is checked. Torch-free:
-// each kind's runner lives beside it (run_trial.h dispatches to them in the child).
+// measurements and verdict metrics exist, and how its "params" section is checked. Torch-free.
+// The kinds are listed once, in kinds.def, with their runners (trials/, dispatched by
+// trials/run_trial.h in the child).
 
 #include <functional>
 #include <string>
@@ -33,7 +34,7 @@ const std::vector<KindInfo>& all_kinds();
 //! The kind of that name, or nullptr.
 const KindInfo* find_kind(const std::string& name);
 
-//! The kinds, each defined in its own file.
+//! The kinds' KindInfo functions named in kinds.def, each defined in its own file.
 KindInfo attention_step_kind();
 KindInfo autotune_race_kind();
 KindInfo cache_corruption_kind();
