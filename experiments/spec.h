@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -122,6 +123,14 @@ struct Scaling {
   std::vector<std::string> models;  //!< e.g. {"q_kv", "q_plus_kv"}
 };
 
+struct Spec;
+
+//! One point of a sweep as the loader resolved and validated it.
+struct ResolvedPoint {
+  nlohmann::json point;               //!< {path: value}, as sweep_points() gives it
+  std::shared_ptr<const Spec> spec;   //!< the spec at that point (no sweep of its own)
+};
+
 //! A validated experiment spec.
 struct Spec {
   std::string name;
@@ -148,6 +157,9 @@ struct Spec {
   std::string profile;              //!< applied profile, "" for none
   std::string source;               //!< file it came from
   nlohmann::json resolved;          //!< the JSON after profile and overrides (stored in the db)
+  //! With a sweep: every point, resolved and validated once when the spec loaded, in the order of
+  //! sweep_points() (spec_at_point() hands them out); empty without a sweep.
+  std::vector<ResolvedPoint> points;
 };
 
 //! Options of loading a spec.

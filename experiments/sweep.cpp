@@ -36,6 +36,16 @@ void set_path(nlohmann::json& document, const std::string& path, const nlohmann:
 }
 
 Spec spec_at_point(const Spec& spec, const nlohmann::json& point) {
+  // A point of the sweep was resolved and validated when the spec loaded; a spec without a sweep
+  // is its own only point.
+  for (const ResolvedPoint& resolved : spec.points) {
+    if (resolved.point == point) {
+      Spec at_point = *resolved.spec;
+      at_point.source = spec.source;
+      return at_point;
+    }
+  }
+  if (spec.sweep.empty() && point.is_object() && point.empty()) return spec;
   nlohmann::json resolved = spec.resolved;
   resolved.erase("sweep");
   resolved.erase("sweep_order");

@@ -17,9 +17,9 @@ namespace harness::spec {
 std::vector<nlohmann::json> cross_points(const std::vector<SweepAxis>& axes);
 //! The points of a spec's sweep ({} alone without a sweep).
 std::vector<nlohmann::json> sweep_points(const Spec& spec);
-//! The spec at one point: the swept fields set to the point's values, the sweep removed, and
-//! validated again (points are validated when the spec is loaded, so this does not fail for
-//! points of sweep_points()).
+//! The spec at one point: the swept fields set to the point's values, the sweep removed. A point
+//! of sweep_points() is the one the loader resolved and validated (Spec::points), so this does not
+//! fail for those and costs a copy; any other point is resolved and validated here (SpecError).
 Spec spec_at_point(const Spec& spec, const nlohmann::json& point);
 //! "anchors=128 layers=5" (last path component = value, joined by `separator`); "" for the empty
 //! point; a point that is not an object is printed as JSON.

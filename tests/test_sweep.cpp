@@ -53,6 +53,34 @@ TEST_CASE("a sweep crosses its axes, the first outermost", "[sweep]") {
   CHECK(harness::spec::sweep_points(again) == points);
 }
 
+// Each point is resolved once, when the spec loads: spec_at_point hands out that spec, which is the
+// one the point's own resolution (the sweep removed, the point's values set, validated) gives.
+TEST_CASE("every point of a sweep is resolved once, at load", "[sweep]") {
+  const auto spec = load_spec_text(base_spec(R"(, "sweep": {"dims.anchors": [8, 16], "dims.layers": [1, 3]})"), "s.json");
+  const auto points = harness::spec::sweep_points(spec);
+  REQUIRE(spec.points.size() == points.size());
+  for (size_t i = 0; i < points.size(); ++i) {
+    CHECK(spec.points[i].point == points[i]);
+    const auto at = harness::spec::spec_at_point(spec, points[i]);
+    CHECK(at.resolved == spec.points[i].spec->resolved);
+    CHECK(at.source == "s.json");
+    json by_hand = spec.resolved;
+    by_hand.erase("sweep");
+    by_hand.erase("sweep_order");
+    for (const auto& [path, value] : points[i].items()) harness::spec::set_path(by_hand, path, value);
+    CHECK(at.resolved == harness::spec::parse_spec(by_hand, "s.json").resolved);
+    CHECK(at.dims.anchors == points[i]["dims.anchors"].get<int64_t>());
+    CHECK(at.layers == points[i]["dims.layers"].get<int64_t>());
+  }
+  // A point outside the sweep is resolved (and validated) when asked.
+  CHECK(harness::spec::spec_at_point(spec, {{"dims.anchors", 24}, {"dims.layers", 2}}).dims.anchors == 24);
+  CHECK_THROWS_AS(harness::spec::spec_at_point(spec, {{"dims.anchors", -1}, {"dims.layers", 1}}), SpecError);
+  // Without a sweep the spec is its own only point.
+  const auto unswept = load_spec_text(base_spec(), "s.json");
+  CHECK(unswept.points.empty());
+  CHECK(harness::spec::spec_at_point(unswept, json::object()).resolved == unswept.resolved);
+}
+
 TEST_CASE("a --set list sweeps a field and a --set value pins a swept one", "[sweep]") {
   LoadOptions sweep_it;
   sweep_it.overrides = {"dims.anchors=[8,12,16]"};
