@@ -27,6 +27,20 @@
 
 namespace harness::kernels::cuda::device {
 
+//! cp.async of the Q and dO tiles of one packed q block (rows past q_len zero-filled).
+template <int kBlockM, int kHeadDim, int kThreads>
+__device__ __forceinline__ void load_q_do_tiles_async(uint32_t s_q, uint32_t s_do, const BwdParams& p,
+                                                      const PackedRows& rows, int batch, int q_len) {
+  load_tile_async<kBlockM, kHeadDim, kThreads>(s_q, p.q.data, [&](int row) -> const __nv_bfloat16* {
+    const int q = rows.query(row);
+    return q < q_len ? row_pointer(p.q, batch, rows.head(row), q) : nullptr;
+  });
+  load_tile_async<kBlockM, kHeadDim, kThreads>(s_do, p.dout.data, [&](int row) -> const __nv_bfloat16* {
+    const int q = rows.query(row);
+    return q < q_len ? row_pointer(p.dout, batch, rows.head(row), q) : nullptr;
+  });
+}
+
 //! dK/dV of one kv block of one kv head (see the file comment).
 template <class Cfg>
 __device__ __forceinline__ void bwd_dkdv_tile(const BwdParams& p, const BwdScratch& scratch, unsigned char* smem,
@@ -185,26 +199,14 @@ __device__ __forceinline__ void bwd_dq_tile(const BwdParams& p, const BwdScratch
   const int q_len = p.shape.q_len;
   const int kv_len = p.shape.kv_len;
 
-  load_tile_async<kBlockM, kHeadDim, kThreads>(s_q, p.q.data, [&](int row) -> const __nv_bfloat16* {
-    const int q = rows.query(row);
-    return q < q_len ? row_pointer(p.q, batch, rows.head(row), q) : nullptr;
-  });
-  load_tile_async<kBlockM, kHeadDim, kThreads>(s_do, p.dout.data, [&](int row) -> const __nv_bfloat16* {
-    const int q = rows.query(row);
-    return q < q_len ? row_pointer(p.dout, batch, rows.head(row), q) : nullptr;
-  });
+  load_q_do_tiles_async<kBlockM, kHeadDim, kThreads>(s_q, s_do, p, rows, batch, q_len);
   cp_async_commit();
 
   const VisitList kv_list = kv_blocks_of(blocks, q_block);
   const int num_partial = kv_list.num_partial, num_blocks = kv_list.count;
-  auto kv_block_at = [&](int step) { return kv_list.at(step); };
-  auto load_kv = [&](int kv_block, int stage) {
-    const uint32_t offset = static_cast<uint32_t>(stage * KvTile::kBytes);
-    load_kv_tiles_async<kBlockN, kHeadDim, kThreads>(s_k + offset, s_v + offset, p.k, p.v, batch, kv_head,
-                                                     kv_block * kBlockN, kv_len);
-  };
-  int upcoming[kStages];  // ring of the next kStages steps' block indices (start_kv_ring)
-  start_kv_ring(upcoming, num_blocks, kv_block_at, load_kv);
+  const KvStream<kBlockN, kHeadDim, kThreads, kStages, KvTile::kBytes> kv{kv_list, s_k, s_v, p.k, p.v, batch, kv_head, kv_len};
+  BlockRing<kStages> ring;
+  ring.start(num_blocks, kv, kv);
 
   const int first_row = warp * 16;
   const int my_row[2] = {first_row + (lane >> 2), first_row + (lane >> 2) + 8};
@@ -216,27 +218,21 @@ __device__ __forceinline__ void bwd_dq_tile(const BwdParams& p, const BwdScratch
 
   float acc_dq[kHeadDim / 8][4] = {};
   for (int step = 0; step < num_blocks; ++step) {
-    const int fetched = kv_block_at(step + kStages);
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // this step's tile is in; every warp is past step - 1, whose stage is refilled
-    if (step + kStages - 1 < num_blocks) load_kv(upcoming[kStages - 1], (step + kStages - 1) % kStages);
-    cp_async_commit();
+    const int fetched = ring.begin_step(step, num_blocks, kv, kv);
 
     const int stage = step % kStages;
     const uint32_t s_k_stage = s_k + static_cast<uint32_t>(stage * KvTile::kBytes);
     const uint32_t s_v_stage = s_v + static_cast<uint32_t>(stage * KvTile::kBytes);
     float s[kBlockN / 8][4] = {};
     gemm_rows_by_rows<kHeadDim, kBlockN / 8, Cfg::kElement>(s, s_q, first_row, s_k_stage, 0);
-    const int kv0 = upcoming[0] * kBlockN;
+    const int kv0 = ring.current() * kBlockN;
     if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
     probabilities<kBlockN>(s, row_lse2, scale_log2);
     float dp[kBlockN / 8][4] = {};
     gemm_rows_by_rows<kHeadDim, kBlockN / 8, Cfg::kElement>(dp, s_do, first_row, s_v_stage, 0);
     score_gradients<kBlockN>(s, dp, row_delta);
     gemm_regs_by_tile<kHeadDim, kBlockN / 16, Cfg::kElement>(acc_dq, s, s_k_stage, 0);
-#pragma unroll
-    for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];
-    upcoming[kStages - 1] = fetched;
+    ring.advance(fetched);
   }
   cp_async_wait<0>();
   __syncthreads();

@@ -33,23 +33,52 @@ __device__ __forceinline__ void load_kv_tiles_async(uint32_t s_k, uint32_t s_v, 
   });
 }
 
-//! The prologue of the K/V ring: reads the next kStages steps' block indices (`block_at(step)`)
-//! into `upcoming` and issues the loads of the first kStages - 1 tiles (`load_kv(block, stage)`).
-//! Each index is read from global memory kStages steps before its tile is used, so no step waits
-//! on a load for the index it needs (v1 read the index in the step that used it and stalled every
-//! warp for an L2 round trip each step). One commit group per tile, empty or not, keeps the wait
-//! counts uniform.
-template <int kStages, typename BlockAt, typename LoadKv>
-__device__ __forceinline__ void start_kv_ring(int (&upcoming)[kStages], int num_blocks, const BlockAt& block_at,
-                                              const LoadKv& load_kv) {
+//! The ring of kStages shared-memory stages through which a tile streams the blocks it visits
+//! (the forward and dQ stream K/V blocks, dK/dV streams Q/dO blocks): block indices of the next
+//! kStages steps in `upcoming`, the tiles of the next kStages - 1 in flight. Each index is read
+//! from global memory kStages steps before its tile is used, so no step waits on a load for the
+//! index it needs (reading it in the step that uses it stalls every warp for an L2 round trip).
+//! One commit group per tile, empty or not, keeps the wait counts uniform. `block_at(step)` gives
+//! a step's block index; `load(step, block, stage)` issues the cp.async of its tile into a stage.
+template <int kStages>
+struct BlockRing {
+  int upcoming[kStages];
+
+  //! The prologue: the first kStages steps' indices, the first kStages - 1 tiles in flight.
+  template <typename BlockAt, typename Load>
+  __device__ __forceinline__ void start(int num_steps, const BlockAt& block_at, const Load& load) {
 #pragma unroll
-  for (int i = 0; i < kStages; ++i) upcoming[i] = block_at(i);
+    for (int i = 0; i < kStages; ++i) upcoming[i] = block_at(i);
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < num_blocks) load_kv(upcoming[i], i);
-    cp_async_commit();
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (i < num_steps) load(i, upcoming[i], i);
+      cp_async_commit();
+    }
   }
-}
+
+  //! The top of step `step`: reads the index of step + kStages (returned, for advance()), waits
+  //! until this step's tile has landed in every thread's copies, then refills the stage step - 1
+  //! read (every warp is past the barrier, so none still reads it).
+  template <typename BlockAt, typename Load>
+  __device__ __forceinline__ int begin_step(int step, int num_steps, const BlockAt& block_at, const Load& load) {
+    const int fetched = block_at(step + kStages);
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (step + kStages - 1 < num_steps) load(step + kStages - 1, upcoming[kStages - 1], (step + kStages - 1) % kStages);
+    cp_async_commit();
+    return fetched;
+  }
+
+  //! This step's block.
+  __device__ __forceinline__ int current() const { return upcoming[0]; }
+
+  //! The end of a step: the ring moves on by one, `fetched` (from begin_step) joining last.
+  __device__ __forceinline__ void advance(int fetched) {
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];
+    upcoming[kStages - 1] = fetched;
+  }
+};
 
 //! Copies a warp's 16 finished rows (already bf16 in its own rows of a swizzled tile) to global
 //! memory with 16-byte stores; `destination(row)` is nullptr for rows not to store.
@@ -160,6 +189,25 @@ __device__ __forceinline__ void gemm_regs_by_tile(float (&acc)[kHeadDim / 8][4],
   gemm_frags_by_tile<kHeadDim, kStepsK, kElement>(acc, a, tile_b, b_first_row);
 }
 
+//! The K/V blocks one query tile visits (`kv_list`), streamed through a BlockRing: kStages K tiles
+//! at s_k and kStages V tiles at s_v, each kStageBytes apart. Shared by the mma.sync forward and
+//! dQ kernels.
+template <int kBlockN, int kHeadDim, int kThreads, int kStages, int kStageBytes>
+struct KvStream {
+  const VisitList& kv_list;
+  uint32_t s_k, s_v;
+  const TensorRef& k;
+  const TensorRef& v;
+  int batch, kv_head, kv_len;
+
+  __device__ __forceinline__ int operator()(int step) const { return kv_list.at(step); }  // block_at
+  __device__ __forceinline__ void operator()(int, int kv_block, int stage) const {        // load
+    const uint32_t offset = static_cast<uint32_t>(stage * kStageBytes);
+    load_kv_tiles_async<kBlockN, kHeadDim, kThreads>(s_k + offset, s_v + offset, k, v, batch, kv_head,
+                                                     kv_block * kBlockN, kv_len);
+  }
+};
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     attention_fwd_kernel(const __grid_constant__ FwdParams p, const WorkItem* __restrict__ schedule) {
@@ -195,14 +243,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
 
   const VisitList kv_list = kv_blocks_of(p.blocks, q_block);
   const int num_partial = kv_list.num_partial, num_blocks = kv_list.count;
-  auto kv_block_at = [&](int step) { return kv_list.at(step); };
-  auto load_kv = [&](int kv_block, int stage) {
-    const uint32_t offset = static_cast<uint32_t>(stage * KvTile::kBytes);
-    load_kv_tiles_async<kBlockN, kHeadDim, kThreads>(s_k + offset, s_v + offset, p.k, p.v, batch, kv_head,
-                                                     kv_block * kBlockN, kv_len);
-  };
-  int upcoming[kStages];  // ring of the next kStages steps' block indices (start_kv_ring)
-  start_kv_ring(upcoming, num_blocks, kv_block_at, load_kv);
+  const KvStream<kBlockN, kHeadDim, kThreads, kStages, KvTile::kBytes> kv{kv_list, s_k, s_v, p.k, p.v, batch, kv_head, kv_len};
+  BlockRing<kStages> ring;
+  ring.start(num_blocks, kv, kv);
 
   // This thread's two rows of the C layout: warp rows g and g + 8.
   const int first_row = warp * 16;
@@ -215,26 +258,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   float row_sum[2] = {0.f, 0.f};              // this thread's columns only; quad-reduced at the end
 
   for (int step = 0; step < num_blocks; ++step) {
-    const int fetched = kv_block_at(step + kStages);  // becomes upcoming[kStages - 1] next step
-    cp_async_wait<kStages - 2>();                     // this step's tile has landed (own copies) ...
-    __syncthreads();                                  // ... and everyone's; step - 1 is done everywhere
-    // Refill the stage step - 1 read: every warp has passed the barrier, so none still reads it.
-    if (step + kStages - 1 < num_blocks) load_kv(upcoming[kStages - 1], (step + kStages - 1) % kStages);
-    cp_async_commit();
-
+    const int fetched = ring.begin_step(step, num_blocks, kv, kv);
     const int stage = step % kStages;
     const uint32_t s_k_stage = s_k + static_cast<uint32_t>(stage * KvTile::kBytes);
     const uint32_t s_v_stage = s_v + static_cast<uint32_t>(stage * KvTile::kBytes);
     float s[kBlockN / 8][4] = {};
     gemm_rows_by_rows<kHeadDim, kBlockN / 8, Cfg::kElement>(s, s_q, first_row, s_k_stage, 0);
 
-    const int kv0 = upcoming[0] * kBlockN;
+    const int kv0 = ring.current() * kBlockN;
     if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
     online_softmax<kBlockN, kHeadDim>(s, acc_o, row_max, row_sum, scale_log2);
     gemm_regs_by_tile<kHeadDim, kBlockN / 16, Cfg::kElement>(acc_o, s, s_v_stage, 0);
-#pragma unroll
-    for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];
-    upcoming[kStages - 1] = fetched;
+    ring.advance(fetched);
   }
   cp_async_wait<0>();
   __syncthreads();  // the Q tile (rows of every warp) has landed before warps overwrite their rows
