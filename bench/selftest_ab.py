@@ -7,7 +7,8 @@ kernels: e.g. a commit against its parent), on the GPU it runs on.
 
 `build` compiles the self-test of OLD_COMMIT (git archive of its tree) and of the working tree
 with the same nvcc options (sm_90a, -O3) into OUT_DIR/selftest_old and OUT_DIR/selftest_new: each
-source file to an object, N files at a time (default 1), then one link per binary.
+source file to an object, N files at a time (default 1), then one link per binary; OUT_DIR/old_commit
+and OUT_DIR/new_commit name what each was built from.
 `run` on the GPU:
 each round runs the old binary, then the new one, once per `--only TEXT` (the self-test's own
 filter, a substring of the case name; default "REAL": the real-dims cases, the only timed ones;
@@ -88,6 +89,16 @@ def build(args):
         command = [args.nvcc, "-gencode", "arch=compute_90a,code=sm_90a", *objects, "-o", out]
         print(" ".join(command), file=sys.stderr)
         subprocess.run(command, check=True)
+    # What the two binaries are, for whoever runs them where there is no git.
+    def describe(revision):
+        return subprocess.run(["git", "-C", here, "rev-parse", "--short", revision], check=True, capture_output=True,
+                              text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "kernels", "bench"], capture_output=True,
+                           text=True).stdout.strip()
+    with open(os.path.join(args.out_dir, "old_commit"), "w") as text:
+        text.write(describe(args.old_commit) + "\n")
+    with open(os.path.join(args.out_dir, "new_commit"), "w") as text:
+        text.write(describe("HEAD") + (" with uncommitted changes to kernels/ or bench/" if dirty else "") + "\n")
     return 0
 
 

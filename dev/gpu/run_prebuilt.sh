@@ -17,6 +17,9 @@
 #   ncu       dev/gpu/ncu_kernels.sh: Nsight Compute on the fwd/bwd kernels (NCU_CASES)
 #   bench     bench/attention_vs_flex.py (CASES, PEERS, BUDGET_S)
 #   peaks     bwd_fusion's fused peaks that the memory model's test checks (not in the default STEPS)
+#   ab        bench/selftest_ab.py run over the two self-tests `selftest_ab.py build` wrote into
+#             AB_DIR (default .gpu-ab: selftest_old, selftest_new), AB_ROUNDS rounds (default 2)
+#             (not in the default STEPS)
 # A .whl/fa4-part1 in the tree (half of flash-attn-4's wheels, dev/gpu/fa4_wheels.sh) is copied to
 # /tmp/fa4-part1 whatever the steps, so that a later command on the same machine, sent with the
 # other half, finds both.
@@ -117,6 +120,12 @@ if want ncu; then
   step "Nsight Compute on the kernels"
   BENCH=$build/bench/harness_bench_attention CASES="${NCU_CASES:-causal-128 dflash-512 dflash-128}" \
     timeout "${NCU_TIMEOUT:-240}" dev/gpu/ncu_kernels.sh 2>&1 | tail -80
+fi
+if want ab; then
+  step "kernel A/B: $(cat "${AB_DIR:-.gpu-ab}/old_commit" 2>/dev/null || echo old) against this tree's kernels"
+  ab=${AB_DIR:-.gpu-ab}
+  timeout "${AB_TIMEOUT:-540}" python3 bench/selftest_ab.py run "$ab/selftest_old" "$ab/selftest_new" \
+    --rounds "${AB_ROUNDS:-2}" --log-dir "$out/ab" 2>&1 | tail -80
 fi
 if want bench; then
   step "fair benchmark"
