@@ -86,6 +86,21 @@ kc::TensorRef tensor_ref(const at::Tensor& t) {
   return ref;
 }
 
+//! What a forward's and a backward's parameters share: the shape, q, k, v, the forward's output
+//! and LSE, the scale and the mask.
+template <typename Params>
+void set_step_params(Params& params, const FusedCudaState& state, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse) {
+  params.shape = state.shape;
+  params.q = tensor_ref(q);
+  params.k = tensor_ref(k);
+  params.v = tensor_ref(v);
+  params.o = tensor_ref(out);
+  params.lse = lse.data_ptr<float>();
+  params.scale = state.scale;
+  params.mask = state.mask;
+}
+
 kc::BlockListParams block_list(const BlockMask& b) {
   kc::BlockListParams p;
   p.block_m = static_cast<int32_t>(b.block_m);
@@ -377,14 +392,7 @@ FusedForward run_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
     const kc::TileShape tile = kc::fwd_tile_shape(state->shape, kernel);
     kc::FwdParams params;
     params.kernel = kernel;
-    params.shape = state->shape;
-    params.q = tensor_ref(q);
-    params.k = tensor_ref(k);
-    params.v = tensor_ref(v);
-    params.o = tensor_ref(out);
-    params.lse = lse.data_ptr<float>();
-    params.scale = state->scale;
-    params.mask = state->mask;
+    set_step_params(params, *state, q, k, v, out, lse);
     params.max_ctas = state->fwd_ctas;
     params.blocks = block_list(mask.block_mask(tile.block_m, tile.block_n, q.device()));
     scratch = at::empty({static_cast<int64_t>(kc::fwd_scratch_bytes(params.shape, params.blocks, kernel))},
@@ -462,18 +470,11 @@ FusedGradients run_backward(const at::Tensor& q, const at::Tensor& k, const at::
   at::Tensor dv = at::empty(v.sizes(), v.options());
 
   kc::BwdParams params;
-  params.shape = state->shape;
-  params.q = tensor_ref(q);
-  params.k = tensor_ref(k);
-  params.v = tensor_ref(v);
-  params.o = tensor_ref(out);
+  set_step_params(params, *state, q, k, v, out, lse);
   params.dout = tensor_ref(dout);
   params.dq = tensor_ref(dq);
   params.dk = tensor_ref(dk);
   params.dv = tensor_ref(dv);
-  params.lse = lse.data_ptr<float>();
-  params.scale = state->scale;
-  params.mask = state->mask;
   params.dq_blocks = block_list(state->dq_blocks);
   params.dkdv_blocks = block_list(state->dkdv_blocks);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
