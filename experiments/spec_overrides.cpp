@@ -32,9 +32,6 @@ const std::vector<std::string> kModelDims = {"dims.heads", "dims.kv_heads", "dim
 
 }  // namespace
 
-// ------------------------------------------------------------------------------------------------
-// Profiles and overrides.
-
 void deep_merge(OrderedJson& target, const OrderedJson& patch) {
   if (!target.is_object() || !patch.is_object()) {
     target = patch;
