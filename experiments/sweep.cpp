@@ -55,6 +55,21 @@ Spec spec_at_point(const Spec& spec, const nlohmann::json& point) {
   return at_point;
 }
 
+std::vector<std::pair<nlohmann::json, Spec>> points_with_specs(const Spec& spec) {
+  std::vector<std::pair<nlohmann::json, Spec>> points;
+  if (spec.points.empty()) {
+    // A spec loaded without a sweep, or one whose points were not kept: resolved point by point.
+    for (const nlohmann::json& point : sweep_points(spec)) points.emplace_back(point, spec_at_point(spec, point));
+    return points;
+  }
+  points.reserve(spec.points.size());
+  for (const ResolvedPoint& resolved : spec.points) {
+    points.emplace_back(resolved.point, *resolved.spec);
+    points.back().second.source = spec.source;
+  }
+  return points;
+}
+
 std::string point_label(const nlohmann::json& point, const std::string& separator) {
   if (!point.is_object()) return point.dump();
   std::string label;

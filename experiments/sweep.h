@@ -4,6 +4,7 @@
 // point is run as its own fully resolved spec. Torch-free.
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +22,10 @@ std::vector<nlohmann::json> sweep_points(const Spec& spec);
 //! of sweep_points() is the one the loader resolved and validated (Spec::points), so this does not
 //! fail for those and costs a copy; any other point is resolved and validated here (SpecError).
 Spec spec_at_point(const Spec& spec, const nlohmann::json& point);
+//! Every point with its spec, in the order of sweep_points(): the points the loader resolved
+//! (Spec::points), or the spec itself as its one point {} without a sweep. No point is validated
+//! again.
+std::vector<std::pair<nlohmann::json, Spec>> points_with_specs(const Spec& spec);
 //! "anchors=128 layers=5" (last path component = value, joined by `separator`); "" for the empty
 //! point; a point that is not an object is printed as JSON.
 std::string point_label(const nlohmann::json& point, const std::string& separator = " ");

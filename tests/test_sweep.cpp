@@ -72,6 +72,13 @@ TEST_CASE("every point of a sweep is resolved once, at load", "[sweep]") {
     CHECK(at.dims.anchors == points[i]["dims.anchors"].get<int64_t>());
     CHECK(at.layers == points[i]["dims.layers"].get<int64_t>());
   }
+  const auto with_specs = harness::spec::points_with_specs(spec);
+  REQUIRE(with_specs.size() == points.size());
+  for (size_t i = 0; i < points.size(); ++i) {
+    CHECK(with_specs[i].first == points[i]);
+    CHECK(with_specs[i].second.resolved == spec.points[i].spec->resolved);
+    CHECK(with_specs[i].second.source == "s.json");
+  }
   // A point outside the sweep is resolved (and validated) when asked.
   CHECK(harness::spec::spec_at_point(spec, {{"dims.anchors", 24}, {"dims.layers", 2}}).dims.anchors == 24);
   CHECK_THROWS_AS(harness::spec::spec_at_point(spec, {{"dims.anchors", -1}, {"dims.layers", 1}}), SpecError);
@@ -79,6 +86,10 @@ TEST_CASE("every point of a sweep is resolved once, at load", "[sweep]") {
   const auto unswept = load_spec_text(base_spec(), "s.json");
   CHECK(unswept.points.empty());
   CHECK(harness::spec::spec_at_point(unswept, json::object()).resolved == unswept.resolved);
+  const auto one_point = harness::spec::points_with_specs(unswept);
+  REQUIRE(one_point.size() == 1);
+  CHECK(one_point[0].first == json::object());
+  CHECK(one_point[0].second.resolved == unswept.resolved);
 }
 
 TEST_CASE("a --set list sweeps a field and a --set value pins a swept one", "[sweep]") {

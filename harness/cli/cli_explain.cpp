@@ -67,9 +67,7 @@ std::vector<std::pair<nlohmann::json, spec::Spec>> load_points(const ExplainArgs
   if (spec.kind != "attention_step")
     throw UsageError(fmt::format("explain-oom: {} is an experiment of kind {}; the memory model covers attention_step",
                                  args.spec, spec.kind));
-  std::vector<std::pair<nlohmann::json, spec::Spec>> points;
-  for (const nlohmann::json& point : spec::sweep_points(spec)) points.emplace_back(point, spec::spec_at_point(spec, point));
-  return points;
+  return spec::points_with_specs(spec);
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {

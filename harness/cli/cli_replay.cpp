@@ -328,7 +328,6 @@ int run_replay(const ReplayArgs& args, const GlobalOptions& options) {
   write_file_atomic(request.spec_file, spec.resolved.dump(2));
   request.variant = variant;
   request.device = device;
-  request.devices = {device};
   request.result_path = scratch.file("result.json");
   request.memory_limit_bytes = memory_limit_bytes;
   request.allow_faults = allow_faults;

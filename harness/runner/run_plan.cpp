@@ -51,9 +51,12 @@ std::vector<db::Metric> model_metrics(const spec::Spec& point_spec, const nlohma
 }  // namespace
 
 void plan_points(PlannedRun& run) {
-  run.points = spec::sweep_points(run.spec);
+  run.points.clear();
   run.point_specs.clear();
-  for (const auto& point : run.points) run.point_specs.push_back(spec::spec_at_point(run.spec, point));
+  for (auto& [point, point_spec] : spec::points_with_specs(run.spec)) {
+    run.points.push_back(std::move(point));
+    run.point_specs.push_back(std::move(point_spec));
+  }
   run.outcomes.assign(run.points.size(), {});
 }
 
