@@ -184,6 +184,9 @@ class Job:
     def __init__(self, args):
         self.args = args
         self.device = torch.device(args.device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # "cuda" means the current device; the memory cap below needs its index.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
         torch.manual_seed(args.seed)
         self.generator = torch.Generator().manual_seed(args.seed)

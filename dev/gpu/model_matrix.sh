@@ -38,9 +38,10 @@ if [[ $steps == *" faults "* ]]; then
   done
 fi
 if [[ $steps == *" flex "* ]]; then
-  python3 dev/gpu/flex_model_steps.py --out "$out/steps" --models "${STEP_MODELS:-$models}" --harness "$h" \
+  steps_dir=${STEPS_DIR:-$out/steps}
+  python3 dev/gpu/flex_model_steps.py --out "$steps_dir" --models "${STEP_MODELS:-$models}" --harness "$h" \
     | tee -a "$report"
-  for step in "$out"/steps/*.pt; do
+  for step in "$steps_dir"/*.pt; do
     "$h" --db "$db" --json replay --import "$step" --device cuda:0 2>>"$out/runs.stderr" | python3 -c '
 import json, sys
 r = json.load(sys.stdin)

@@ -17,6 +17,10 @@
 #   ncu       dev/gpu/ncu_kernels.sh: Nsight Compute on the fwd/bwd kernels (NCU_CASES)
 #   bench     bench/attention_vs_flex.py (CASES, PEERS, BUDGET_S)
 #   peaks     bwd_fusion's fused peaks that the memory model's test checks (not in the default STEPS)
+#   matrix    dev/gpu/model_matrix.sh (MATRIX_STEPS, default flex: compiled-flex steps per model
+#             replayed with --import)
+#   capture   dev/gpu/gpu_check_capture.sh $CAPTURE_STAGES (default capture triage), writing into
+#             /tmp/harness-capture (kept on a warm machine for a later command) and copied to $OUT
 #   ab        bench/selftest_ab.py run over the two self-tests `selftest_ab.py build` wrote into
 #             AB_DIR (default .gpu-ab: selftest_old, selftest_new), AB_ROUNDS rounds (default 2)
 #             (not in the default STEPS)
@@ -130,4 +134,16 @@ fi
 if want bench; then
   step "fair benchmark"
   SKIP_BUILD=1 timeout "${BENCH_TIMEOUT:-560}" dev/gpu/gpu_check_bench.sh 2>&1 | tail -40
+fi
+if want matrix; then
+  step "model matrix (${MATRIX_STEPS:-flex})"
+  STEPS_DIR=/tmp/harness-steps STEPS=${MATRIX_STEPS:-flex} timeout "${MATRIX_TIMEOUT:-500}" dev/gpu/model_matrix.sh 2>&1 | tail -40
+fi
+if want capture; then
+  step "capture and triage (${CAPTURE_STAGES:-capture triage})"
+  # shellcheck disable=SC2086
+  OUT=/tmp/harness-capture BUILD_DIR=$build timeout "${CAPTURE_TIMEOUT:-560}" dev/gpu/gpu_check_capture.sh \
+    ${CAPTURE_STAGES:-capture triage} 2>&1 | tail -40
+  rm -rf "$out/capture" && mkdir -p "$out/capture"
+  (cd /tmp/harness-capture && find . -type f ! -name '*.safetensors' ! -name '*.db' -size -4M -exec cp --parents {} "$out/capture/" \;)
 fi
