@@ -215,24 +215,23 @@ struct BwdDkdvMainloop {
     return reinterpret_cast<const QueryMaskRow*>(__cvta_shared_to_generic(s_masks + stage * kRows * 32));
   }
 
-  //! S^T -> P^T of a step in slot `slot` of the q list: the mask where the step is partial (mask
-  //! rows are per query position: column c, head c / block_m, reads position c % block_m), the
-  //! probabilities from the rows' lse2, and their bf16 A fragments (dV's operand; dS^T below uses
-  //! the same rounded values).
-  __device__ __forceinline__ void probabilities(float (&st)[kRows / 8][4], uint32_t (&pt)[kRows / 16][4], const Thread& th,
-                                                const DkdvSteps& t, int slot, int stage) const {
+  //! S^T -> P^T (fp32, in place) of a step in slot `slot` of the q list: the mask where the step is
+  //! partial (mask rows are per query position: column c, head c / block_m, reads position
+  //! c % block_m), then the probabilities from the rows' lse2. dS^T takes P^T in fp32, dV its bf16 A
+  //! fragments.
+  __device__ __forceinline__ void probabilities(float (&st)[kRows / 8][4], const Thread& th, const DkdvSteps& t, int slot,
+                                                int stage) const {
     if (slot < t.num_partial) {
       mask_partial_step_transposed<kRows>(st, slot, s_bits + stage * kKeys * 8, masks(stage), t.block_m, th.my_doc, th.my_kv,
                                           t.kv0);
     }
     probabilities_transposed<kRows>(st, stats(stage), th.scale_log2);
-    to_a_fragments<kRows / 16, kElement>(pt, st);
   }
 
-  //! dP^T -> dS^T = P^T (dP^T - delta) and its bf16 A fragments.
-  __device__ __forceinline__ void score_gradients(float (&dpt)[kRows / 8][4], const uint32_t (&pt)[kRows / 16][4],
+  //! dP^T -> dS^T = P^T (dP^T - delta) (P^T in fp32) and its bf16 A fragments.
+  __device__ __forceinline__ void score_gradients(float (&dpt)[kRows / 8][4], const float (&pt)[kRows / 8][4],
                                                   uint32_t (&dst)[kRows / 16][4], int stage) const {
-    score_gradients_transposed<kRows, kElement>(dpt, pt, stats(stage));
+    score_gradients_transposed<kRows>(dpt, pt, stats(stage));
     to_a_fragments<kRows / 16, kElement>(dst, dpt);
   }
 
@@ -242,9 +241,12 @@ struct BwdDkdvMainloop {
   using SplitDv = float[kOwnedV][8][4];
   //! The deterministic step loop: S^T (this consumer's keys x 64 query rows) and dP^T = V dO^T
   //! issued back to back (dP^T needs no P, so it runs while this consumer masks S^T and computes
-  //! P^T), dV behind dP^T, then dK. With split columns (SplitDk, SplitDv) both consumers compute S^T
-  //! and dP^T over all 64 keys (the same products: the price of keeping half the accumulators) and
-  //! dV and dK only for their own column blocks.
+  //! P^T), then dS^T from P^T in fp32, and dV and dK issued together behind it. (dV issued before
+  //! dS^T, as the atomic loop does, keeps P^T's bf16 fragments and its fp32 values live at once: 16
+  //! registers more, which at head dims 128-256 made ptxas spill and serialize the wgmma.) With split
+  //! columns (SplitDk, SplitDv) both consumers compute S^T and dP^T over all 64 keys (the same
+  //! products: the price of keeping half the accumulators) and dV and dK only for their own column
+  //! blocks.
   template <class DkAccumulator, class DvAccumulator>
   __device__ __forceinline__ void run_deterministic(const Thread& th, const DkdvSteps& t, DkAccumulator& acc_dk,
                                                     DvAccumulator& acc_dv) const {
@@ -267,22 +269,19 @@ struct BwdDkdvMainloop {
       wgmma_commit();
       wgmma_wait<1>();  // S^T is in; dP^T runs on
       fence_registers(st);
-      uint32_t pt[kRows / 16][4];
-      probabilities(st, pt, th, t, step % t.num_q_blocks, stage);
-
-      // dV += P^T dO, issued behind dP^T; dS^T is computed while it runs.
-      fence_accumulator(acc_dv);
-      wgmma_fence();
-      fragments_times_columns<kHeadDimV, kRows, kElement>(acc_dv, pt, do_stage, th.consumer);
-      wgmma_commit();
-      wgmma_wait<1>();  // dP^T is in; dV runs on
+      probabilities(st, th, t, step % t.num_q_blocks, stage);
+      wgmma_wait<0>();  // dP^T is in
       fence_registers(dpt);
 
-      // dS^T = P^T (dP^T - delta), then dK += dS^T Q.
+      // dS^T = P^T (dP^T - delta), then dV += P^T dO and dK += dS^T Q.
+      uint32_t pt[kRows / 16][4];
       uint32_t dst[kRows / 16][4];
-      score_gradients(dpt, pt, dst, stage);
+      score_gradients(dpt, st, dst, stage);
+      to_a_fragments<kRows / 16, kElement>(pt, st);
+      fence_accumulator(acc_dv);
       fence_accumulator(acc_dk);
       wgmma_fence();
+      fragments_times_columns<kHeadDimV, kRows, kElement>(acc_dv, pt, do_stage, th.consumer);
       fragments_times_columns<kHeadDim, kRows, kElement>(acc_dk, dst, q_stage, th.consumer);
       wgmma_commit();
       wgmma_wait<0>();
@@ -336,8 +335,9 @@ struct BwdDkdvMainloop {
       // S^T: this consumer's 64 keys x 64 query rows (issued by the step before).
       wgmma_wait<0>();
       fence_registers(st);
+      probabilities(st, th, t, slot, stage);
       uint32_t pt[kRows / 16][4];
-      probabilities(st, pt, th, t, slot, stage);
+      to_a_fragments<kRows / 16, kElement>(pt, st);
 
       // dV += P^T dO and dP^T = V dO^T, issued together.
       float dpt[kRows / 8][4];
@@ -353,7 +353,7 @@ struct BwdDkdvMainloop {
 
       // dS^T = P^T (dP^T - delta) as bf16 A fragments; also into shared memory for dQ = dS K.
       uint32_t dst[kRows / 16][4];
-      score_gradients(dpt, pt, dst, stage);
+      score_gradients(dpt, st, dst, stage);
       // The consumers meet once per step, so dS^T alternates between two buffers (the other
       // consumer may still read last step's while this one writes).
       const uint32_t ds_tile = s_ds + (step & 1) * kDsBytes;

@@ -146,8 +146,8 @@ __device__ __forceinline__ void bwd_dkdv_tile(const BwdParams& p, const BwdScrat
     float st[kBlockM / 8][4] = {};
     gemm_rows_by_rows<kHeadDim, kBlockM / 8, Cfg::kElement>(st, s_k, first_row, s_q_stage, 0);
     if (step % num_q_blocks < num_partial) mask_scores_transposed<kBlockM>(st, masks, kBlockM - 1, my_doc, my_kv);
-    // P^T, then dV += P^T dO. P^T is kept as the bf16 A fragments the MMA takes (16 registers
-    // instead of 32), and dS^T below is computed from the same rounded P^T.
+    // P^T, then dV += P^T dO with P^T as the bf16 A fragments the MMA takes; dS^T below is computed
+    // from P^T in fp32.
     probabilities_transposed<kBlockM>(st, stats, scale_log2);
     uint32_t pt[kBlockM / 16][4];
     to_a_fragments<kBlockM / 16, Cfg::kElement>(pt, st);
@@ -155,7 +155,7 @@ __device__ __forceinline__ void bwd_dkdv_tile(const BwdParams& p, const BwdScrat
     // dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
     float dpt[kBlockM / 8][4] = {};
     gemm_rows_by_rows<kHeadDim, kBlockM / 8, Cfg::kElement>(dpt, s_v, first_row, s_do_stage, 0);
-    score_gradients_transposed<kBlockM, Cfg::kElement>(dpt, pt, stats);
+    score_gradients_transposed<kBlockM>(dpt, st, stats);
     gemm_regs_by_tile<kHeadDim, kBlockM / 16, Cfg::kElement>(acc_dk, dpt, s_q_stage, 0);
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) upcoming[i] = upcoming[i + 1];

@@ -102,16 +102,26 @@ __device__ __forceinline__ int32_t key_doc(const MaskParams& mask, int kv) {
   return kv >= 0 && kv < length ? __ldg(mask.doc_id + kv) : -1;
 }
 
-//! Whether the row sees key kv of document kv_doc (key_doc; kv >= kv_len is never visible: every
-//! range ends by kv_len). Bitwise & and |, not && and ||: with the row in shared memory (the
-//! backward's mask rows), short-circuit tests became a branch per score, each waiting on its own
-//! shared-memory load (ptxas kept the evaluation order); this way every field is loaded up front.
-//! A blockmask row reads the key's bit, for keys inside [0, kv_len) only (a ragged tile's padding
-//! keys lie past the row's words).
-__device__ __forceinline__ bool visible(const QueryMask& row, int32_t kv_doc, int kv) {
+//! Whether a named kind's row sees key kv of document kv_doc (key_doc; kv >= kv_len is never
+//! visible: every range ends by kv_len). Bitwise & and |, not && and ||: with the row in shared
+//! memory (the backward's mask rows), short-circuit tests became a branch per score, each waiting on
+//! its own shared-memory load (ptxas kept the evaluation order); this way every field is loaded up
+//! front.
+__device__ __forceinline__ bool visible_named(const QueryMask& row, int32_t kv_doc, int kv) {
   const bool in_context = (kv >= row.ctx_lo) & (kv < row.ctx_hi) & ((row.doc < 0) | (kv_doc == row.doc));
-  if (row.doc == kBitmapRow) return in_context && ((__ldg(bitmap_words(row) + (kv >> 5)) >> (kv & 31)) & 1u);
   return in_context | ((kv >= row.band_lo) & (kv < row.band_hi));
+}
+
+//! Whether a blockmask row sees key kv: its bit, read for keys inside [0, kv_len) only (a ragged
+//! tile's padding keys lie past the row's words).
+__device__ __forceinline__ bool visible_bits(const QueryMask& row, int kv) {
+  return (kv >= row.ctx_lo) && (kv < row.ctx_hi) && ((__ldg(bitmap_words(row) + (kv >> 5)) >> (kv & 31)) & 1u);
+}
+
+//! Either, by the row's kind. The tile loops (tile_math.cuh) decide the kind once per tile and call
+//! visible_named or visible_bits: a test per score split their unrolled loops into a branch each.
+__device__ __forceinline__ bool visible(const QueryMask& row, int32_t kv_doc, int kv) {
+  return row.doc == kBitmapRow ? visible_bits(row, kv) : visible_named(row, kv_doc, kv);
 }
 
 }  // namespace harness::kernels::cuda::device

@@ -48,13 +48,23 @@ __device__ __forceinline__ void load_key_docs(int32_t (&docs)[kCols / 8][2], con
 template <int kCols>
 __device__ __forceinline__ void mask_scores(float (&s)[kCols / 8][4], const QueryMask (&row_mask)[2], const MaskParams& mask,
                                             int kv0) {
+  if (mask.kind == MaskCode::blockmask) {
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (!visible_bits(row_mask[e >> 1], kv0 + tile_column(j, e))) s[j][e] = -INFINITY;
+      }
+    }
+    return;
+  }
   int32_t docs[kCols / 8][2];
   load_key_docs<kCols>(docs, mask, kv0);
 #pragma unroll
   for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      if (!visible(row_mask[e >> 1], docs[j][e & 1], kv0 + tile_column(j, e))) s[j][e] = -INFINITY;
+      if (!visible_named(row_mask[e >> 1], docs[j][e & 1], kv0 + tile_column(j, e))) s[j][e] = -INFINITY;
     }
   }
 }
@@ -64,6 +74,17 @@ __device__ __forceinline__ void mask_scores(float (&s)[kCols / 8][4], const Quer
 template <int kCols>
 __device__ __forceinline__ void mask_scores_transposed(float (&st)[kCols / 8][4], const QueryMaskRow* masks, int column_mask,
                                                        const int32_t (&my_doc)[2], const int (&my_kv)[2]) {
+  // Every column's row is of the mask's kind: the first one says which test the tile takes.
+  if (masks[0].mask.doc == kBitmapRow) {
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (!visible_bits(masks[tile_column(j, e) & column_mask].mask, my_kv[e >> 1])) st[j][e] = -INFINITY;
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < kCols / 8; ++j) {
     // Every field of every column loaded at once (16 x 5 registers) made ptxas spill the atomic
@@ -71,7 +92,7 @@ __device__ __forceinline__ void mask_scores_transposed(float (&st)[kCols / 8][4]
     if (j % 2 == 0) __syncwarp();
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      if (!visible(masks[tile_column(j, e) & column_mask].mask, my_doc[e >> 1], my_kv[e >> 1])) st[j][e] = -INFINITY;
+      if (!visible_named(masks[tile_column(j, e) & column_mask].mask, my_doc[e >> 1], my_kv[e >> 1])) st[j][e] = -INFINITY;
     }
   }
 }
@@ -230,23 +251,21 @@ __device__ __forceinline__ void probabilities_transposed(float (&st)[kCols / 8][
   }
 }
 
-//! Backward, transposed: dP^T -> dS^T = P^T (dP^T - delta) in place, with P^T as the A fragments
-//! it was rounded to (the dV product's operand; its error is below the rounding dS^T gets anyway)
-//! and each column's delta, stats[column].y.
-template <int kCols, ElementType kElement>
-__device__ __forceinline__ void score_gradients_transposed(float (&dpt)[kCols / 8][4], const uint32_t (&pt)[kCols / 16][4],
+//! Backward, transposed: dP^T -> dS^T = P^T (dP^T - delta) in place, with P^T in fp32 (the
+//! probabilities before they were rounded to the dV product's operand: a flash kernel rounds dS^T
+//! once, and a P^T rounded first would double dS^T's rounding error, which dK sums over every query)
+//! and each column's delta, stats[column].y. P^T and dP^T are alike m16n8 C-layout tiles.
+template <int kCols>
+__device__ __forceinline__ void score_gradients_transposed(float (&dpt)[kCols / 8][4], const float (&pt)[kCols / 8][4],
                                                            const float2* stats) {
 #pragma unroll
   for (int j = 0; j < kCols / 8; ++j) {
     const int col = tile_column(j, 0);
     const float d0 = stats[col].y, d1 = stats[col + 1].y;
-    // C tile j is half (j % 2) of A fragment j / 2: its row g in register 2 (j % 2), row g + 8 next.
-    const float2 p_top = unpack2<kElement>(pt[j / 2][(j % 2) * 2]);
-    const float2 p_bottom = unpack2<kElement>(pt[j / 2][(j % 2) * 2 + 1]);
-    dpt[j][0] = p_top.x * (dpt[j][0] - d0);
-    dpt[j][1] = p_top.y * (dpt[j][1] - d1);
-    dpt[j][2] = p_bottom.x * (dpt[j][2] - d0);
-    dpt[j][3] = p_bottom.y * (dpt[j][3] - d1);
+    dpt[j][0] = pt[j][0] * (dpt[j][0] - d0);
+    dpt[j][1] = pt[j][1] * (dpt[j][1] - d1);
+    dpt[j][2] = pt[j][2] * (dpt[j][2] - d0);
+    dpt[j][3] = pt[j][3] * (dpt[j][3] - d1);
   }
 }
 
