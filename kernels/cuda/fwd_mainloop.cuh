@@ -352,23 +352,13 @@ struct FwdConsumerItem {
           row_mask[0] = item_mask[0];
           row_mask[1] = item_mask[1];
         }
-        if (p.mask.kind == MaskCode::blockmask) {
-#pragma unroll
-          for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              if (visible_bits(row_mask[e >> 1], kv0 + tile_column(j, e))) keep |= uint64_t{1} << keep_bit(j, e);
-            }
-          }
-          return keep;
-        }
         int32_t docs[kBlockN / 8][2];
         load_key_docs<kBlockN>(docs, p.mask, kv0);
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            if (visible_named(row_mask[e >> 1], docs[j][e & 1], kv0 + tile_column(j, e))) keep |= uint64_t{1} << keep_bit(j, e);
+            if (visible(row_mask[e >> 1], docs[j][e & 1], kv0 + tile_column(j, e))) keep |= uint64_t{1} << keep_bit(j, e);
           }
         }
       }
