@@ -59,6 +59,12 @@ print("failure:", json.dumps(header["failure"]))
 print("memory:", json.dumps({k: v for k, v in header["memory"].items()}))
 print("calls observed:", header["calls_observed"], "step call:", json.dumps(header["calls"][-1])[:400])
 assert header["memory"]["snapshot"], "no allocator snapshot"
+# The snapshot at the failing request: its largest live blocks (the scores tensor expected first).
+import os, pickle
+with open(os.path.join(os.path.dirname(files[0]), header["memory"]["snapshot"]), "rb") as f:
+    snapshot = pickle.load(f)
+live = sorted((b["size"] for s in snapshot["segments"] for b in s["blocks"] if b["state"] == "active_allocated"), reverse=True)
+print("snapshot: %d live blocks, %.2f GiB; largest (GiB):" % (len(live), sum(live) / 2**30), [round(b / 2**30, 2) for b in live[:6]])
 PY
       ;;
     triage)
@@ -73,6 +79,8 @@ PY
       [[ $rc -eq 0 ]] || status=1
       python3 -c 'import json, sys; a = json.load(open(sys.argv[1])); print(a["conclusion"]); print(json.dumps(a["facts"])); [print(s) for s in a["steps"]]' \
         "$out/triage/triage.json" || status=1
+      # The writeup's allocator section (the largest live blocks at the failing request, named).
+      grep -i -A12 '^#.*allocator' "$out/triage/triage.md" | head -16
       ;;
     fix)
       timeout 900 python3 examples/train_dflash.py --memory-fraction "$fraction" --attention flex-compiled --steps 3 \
