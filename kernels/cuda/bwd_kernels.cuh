@@ -221,12 +221,10 @@ __device__ __forceinline__ void bwd_dq_tile(const BwdParams& p, const BwdScratch
     const int fetched = ring.begin_step(step, num_blocks, kv, kv);
 
     const int stage = step % kStages;
+    float s[kBlockN / 8][4] = {};
+    kv.template scores<Cfg::kElement>(s, s_q, first_row, stage, step, num_partial, ring.current(), row_mask, p.mask);
     const uint32_t s_k_stage = s_k + static_cast<uint32_t>(stage * KvTile::kBytes);
     const uint32_t s_v_stage = s_v + static_cast<uint32_t>(stage * KvTile::kBytes);
-    float s[kBlockN / 8][4] = {};
-    gemm_rows_by_rows<kHeadDim, kBlockN / 8, Cfg::kElement>(s, s_q, first_row, s_k_stage, 0);
-    const int kv0 = ring.current() * kBlockN;
-    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
     probabilities<kBlockN>(s, row_lse2, scale_log2);
     float dp[kBlockN / 8][4] = {};
     gemm_rows_by_rows<kHeadDim, kBlockN / 8, Cfg::kElement>(dp, s_do, first_row, s_v_stage, 0);

@@ -206,6 +206,17 @@ struct KvStream {
     load_kv_tiles_async<kBlockN, kHeadDim, kThreads>(s_k + offset, s_v + offset, k, v, batch, kv_head,
                                                      kv_block * kBlockN, kv_len);
   }
+  //! A step's scores: S = Q K^T of the warp's 16 rows (from first_row of the Q tile at s_q) and
+  //! block `kv_block`'s K tile in `stage`, masked where the step is partial (step < num_partial) or
+  //! the block ragged. Both kernels start their steps with it.
+  template <ElementType kElement>
+  __device__ __forceinline__ void scores(float (&s)[kBlockN / 8][4], uint32_t s_q, int first_row, int stage, int step,
+                                         int num_partial, int kv_block, const QueryMask (&row_mask)[2],
+                                         const MaskParams& mask) const {
+    gemm_rows_by_rows<kHeadDim, kBlockN / 8, kElement>(s, s_q, first_row, s_k + static_cast<uint32_t>(stage * kStageBytes), 0);
+    const int kv0 = kv_block * kBlockN;
+    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, mask, kv0);
+  }
 };
 
 template <class Cfg>
@@ -260,13 +271,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   for (int step = 0; step < num_blocks; ++step) {
     const int fetched = ring.begin_step(step, num_blocks, kv, kv);
     const int stage = step % kStages;
-    const uint32_t s_k_stage = s_k + static_cast<uint32_t>(stage * KvTile::kBytes);
-    const uint32_t s_v_stage = s_v + static_cast<uint32_t>(stage * KvTile::kBytes);
     float s[kBlockN / 8][4] = {};
-    gemm_rows_by_rows<kHeadDim, kBlockN / 8, Cfg::kElement>(s, s_q, first_row, s_k_stage, 0);
-
-    const int kv0 = ring.current() * kBlockN;
-    if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
+    kv.template scores<Cfg::kElement>(s, s_q, first_row, stage, step, num_partial, ring.current(), row_mask, p.mask);
+    const uint32_t s_v_stage = s_v + static_cast<uint32_t>(stage * KvTile::kBytes);
     online_softmax<kBlockN, kHeadDim>(s, acc_o, row_max, row_sum, scale_log2);
     gemm_regs_by_tile<kHeadDim, kBlockN / 16, Cfg::kElement>(acc_o, s, s_v_stage, 0);
     ring.advance(fetched);
