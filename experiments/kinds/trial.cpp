@@ -58,9 +58,10 @@ TrialResult trial_result_from_json(const nlohmann::json& json) {
 
 namespace {
 
-// The request's fields, each read and written by one entry: JSON name, and how to move it.
-template <typename Visit>
-void visit_fields(Visit&& visit, TrialRequest& request) {
+// The request's fields, each read and written by one entry: JSON name and member (Request: the
+// request, const when it is written out).
+template <typename Visit, typename Request>
+void visit_fields(Visit&& visit, Request& request) {
   visit("spec_file", request.spec_file);
   visit("variant", request.variant);
   visit("device", request.device);
@@ -107,8 +108,7 @@ const char* type_text() {
 
 nlohmann::json to_json(const TrialRequest& request) {
   nlohmann::json json = nlohmann::json::object();
-  TrialRequest copy = request;
-  visit_fields([&](const char* name, const auto& field) { json[name] = field; }, copy);
+  visit_fields([&](const char* name, const auto& field) { json[name] = field; }, request);
   return json;
 }
 

@@ -209,8 +209,6 @@ void check_slurm_args(const RunArgs& args) {
     throw UsageError(fmt::format("--time '{}': expected a Slurm time such as 30, 00:30:00 or 1-00:00:00", args.request.time));
 }
 
-// `harness run --slurm`: the plan becomes one job array (one task per --trials-per-task trials);
-// without --no-wait the job is followed and its shards merged as its tasks end.
 // What every trial of this invocation is asked, locally and on Slurm alike: the run's flags, the
 // devices (the first is the device of a one-device run; a worker sets its own), the memory cap and
 // the db's artifact folder.
@@ -225,6 +223,8 @@ kinds::TrialRequest trial_base(const RunArgs& args, const std::vector<std::strin
   return base;
 }
 
+// `harness run --slurm`: the plan becomes one job array (one task per --trials-per-task trials);
+// without --no-wait the job is followed and its shards merged as its tasks end.
 int run_on_slurm(const RunArgs& args, std::vector<PlannedRun>& runs, const std::string& device,
                  int64_t memory_limit_bytes, bool allow_faults, const GlobalOptions& options) {
   // The run folder, its logs and the db are named in the batch script (#SBATCH --output, comments).

@@ -546,6 +546,7 @@ int run_task(const std::string& manifest_path, const GlobalOptions& options) {
   const std::string run_dir = manifest.at("run_dir").get<std::string>();
   std::vector<PlannedRun> runs = runs_of(manifest);
   kinds::TrialRequest base = trial_base_of(manifest);
+  const std::string db_path = manifest.at("db").get<std::string>();  // artifact paths are stored relative to it
   std::cerr << fmt::format("harness slurm task {} attempt {} on {} (job {}_{}, CUDA_VISIBLE_DEVICES={})\n", task,
                            attempt, node, array_job_id, task,
                            std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "unset");
@@ -623,8 +624,7 @@ int run_task(const std::string& manifest_path, const GlobalOptions& options) {
     Job job{entry.at("run").get<size_t>(), entry.at("point").get<size_t>(), entry.at("variant").get<size_t>()};
     const PlannedRun& run = runs[job.run];
     RecordedTrial recorded =
-        execute_trial(run, job, base, scratch.file(fmt::format("result-{}.json", ++sequence)),
-                      manifest.at("db").get<std::string>(), options);
+        execute_trial(run, job, base, scratch.file(fmt::format("result-{}.json", ++sequence)), db_path, options);
     if (interrupt_requested()) {
       // Slurm signals every process of the task, the trial's child too: however the child ended,
       // the trial did not get its chance, and a requeued attempt must run it again.
