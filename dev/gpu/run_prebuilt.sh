@@ -22,7 +22,8 @@
 #   capture   dev/gpu/gpu_check_capture.sh $CAPTURE_STAGES (default capture triage), writing into
 #             /tmp/harness-capture (kept on a warm machine for a later command) and copied to $OUT
 #   ab        bench/selftest_ab.py run over the two self-tests `selftest_ab.py build` wrote into
-#             AB_DIR (default .gpu-ab: selftest_old, selftest_new), AB_ROUNDS rounds (default 2)
+#             AB_DIR (default .gpu-ab: selftest_old, selftest_new), AB_ROUNDS rounds (default 2),
+#             AB_ONLY the cases (the self-test's filters separated by ';', default every REAL case)
 #             (not in the default STEPS)
 # A .whl/fa4-part1 in the tree (half of flash-attn-4's wheels, dev/gpu/fa4_wheels.sh) is copied to
 # /tmp/fa4-part1 whatever the steps, so that a later command on the same machine, sent with the
@@ -128,8 +129,11 @@ fi
 if want ab; then
   step "kernel A/B: $(cat "${AB_DIR:-.gpu-ab}/old_commit" 2>/dev/null || echo old) against this tree's kernels"
   ab=${AB_DIR:-.gpu-ab}
+  only=()  # AB_ONLY: the self-test's case filters, separated by ';' (default: every REAL case)
+  IFS=';' read -ra filters <<<"${AB_ONLY:-}"
+  for f in "${filters[@]}"; do [[ -n $f ]] && only+=(--only "$f"); done
   timeout "${AB_TIMEOUT:-540}" python3 bench/selftest_ab.py run "$ab/selftest_old" "$ab/selftest_new" \
-    --rounds "${AB_ROUNDS:-2}" --log-dir "$out/ab" 2>&1 | tail -80
+    --rounds "${AB_ROUNDS:-2}" "${only[@]}" --log-dir "$out/ab" 2>&1 | tail -80
 fi
 if want bench; then
   step "fair benchmark"
