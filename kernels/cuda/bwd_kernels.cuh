@@ -45,13 +45,10 @@ __device__ __forceinline__ void load_q_do_tiles_async(uint32_t s_q, uint32_t s_d
 template <class Cfg>
 __device__ __forceinline__ void bwd_dkdv_tile(const BwdParams& p, const BwdScratch& scratch, unsigned char* smem,
                                               int kv_block, int kv_head, int batch) {
-  constexpr int kHeadDim = Cfg::kHeadDim;
-  constexpr int kBlockM = Cfg::kBlockM;
-  constexpr int kBlockN = Cfg::kBlockN;
-  constexpr int kThreads = Cfg::kThreads;
-  constexpr int kStages = Cfg::kStages;
-  using QTile = SmemTile<kBlockM, kHeadDim>;
-  using KvTile = SmemTile<kBlockN, kHeadDim>;
+  constexpr int kHeadDim = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
+  constexpr int kThreads = Cfg::kThreads, kStages = Cfg::kStages;
+  using QTile = SmemTile<kBlockM, kHeadDim>;   // Q (and dO) rows
+  using KvTile = SmemTile<kBlockN, kHeadDim>;  // K (and V) rows
   static_assert(kThreads >= kBlockM / 2 + 2 * kBlockM, "one thread per 16-byte chunk of row info");
 
   const uint32_t s_k = smem_address(smem);
@@ -177,13 +174,10 @@ __device__ __forceinline__ void bwd_dkdv_tile(const BwdParams& p, const BwdScrat
 template <class Cfg>
 __device__ __forceinline__ void bwd_dq_tile(const BwdParams& p, const BwdScratch& scratch, unsigned char* smem, int q_block,
                                             int pack, int batch) {
-  constexpr int kHeadDim = Cfg::kHeadDim;
-  constexpr int kBlockM = Cfg::kBlockM;
-  constexpr int kBlockN = Cfg::kBlockN;
-  constexpr int kThreads = Cfg::kThreads;
-  constexpr int kStages = Cfg::kStages;
-  using QTile = SmemTile<kBlockM, kHeadDim>;
-  using KvTile = SmemTile<kBlockN, kHeadDim>;
+  constexpr int kHeadDim = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
+  constexpr int kThreads = Cfg::kThreads, kStages = Cfg::kStages;
+  using QTile = SmemTile<kBlockM, kHeadDim>;   // Q (and dO) rows
+  using KvTile = SmemTile<kBlockN, kHeadDim>;  // K (and V) rows
 
   const uint32_t s_q = smem_address(smem);
   const uint32_t s_do = s_q + QTile::kBytes;

@@ -222,13 +222,10 @@ struct KvStream {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     attention_fwd_kernel(const __grid_constant__ FwdParams p, const WorkItem* __restrict__ schedule) {
-  constexpr int kHeadDim = Cfg::kHeadDim;
-  constexpr int kBlockM = Cfg::kBlockM;
-  constexpr int kBlockN = Cfg::kBlockN;
-  constexpr int kThreads = Cfg::kThreads;
-  constexpr int kStages = Cfg::kStages;
-  using QTile = SmemTile<kBlockM, kHeadDim>;
-  using KvTile = SmemTile<kBlockN, kHeadDim>;
+  constexpr int kHeadDim = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
+  constexpr int kThreads = Cfg::kThreads, kStages = Cfg::kStages;
+  using QTile = SmemTile<kBlockM, kHeadDim>;   // Q (and dO) rows
+  using KvTile = SmemTile<kBlockN, kHeadDim>;  // K (and V) rows
 
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t s_q = smem_address(smem);
