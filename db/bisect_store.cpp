@@ -17,15 +17,7 @@ constexpr const char* kBisectColumns =
     "id, experiment, mode, target, package, good, bad, status, first_bad, last_good, args, result, error, "
     "started_at, finished_at";
 
-nlohmann::json parse_column(const Statement& row, int column, const std::string& path, const std::string& what) {
-  try {
-    return nlohmann::json::parse(row.column_text(column));
-  } catch (const nlohmann::json::parse_error& error) {
-    throw DbError(path + ": " + what + ": stored JSON does not parse: " + error.what());
-  }
-}
-
-Bisect read_bisect(const Statement& row, const std::string& path) {
+Bisect read_bisect(const Statement& row) {
   Bisect bisect;
   bisect.id = row.column_int(0);
   const std::string what = "read bisect " + std::to_string(bisect.id);
@@ -38,8 +30,8 @@ Bisect read_bisect(const Statement& row, const std::string& path) {
   bisect.status = row.column_text(7);
   bisect.first_bad = row.column_text(8);
   bisect.last_good = row.column_text(9);
-  bisect.args = parse_column(row, 10, path, what + " args");
-  bisect.result = parse_column(row, 11, path, what + " result");
+  bisect.args = row.column_json(10, what + " args");
+  bisect.result = row.column_json(11, what + " result");
   bisect.error = row.column_text(12);
   bisect.started_at = row.column_text(13);
   bisect.finished_at = row.column_text(14);
@@ -120,7 +112,7 @@ std::optional<Bisect> Store::get_bisect(int64_t bisect_id) const {
   Statement select(db_, path_, sql.c_str(), "get bisect " + std::to_string(bisect_id));
   select.bind_int(1, bisect_id);
   if (!select.step()) return std::nullopt;
-  return read_bisect(select, path_);
+  return read_bisect(select);
 }
 
 std::vector<BisectProbe> Store::list_bisect_probes(int64_t bisect_id) const {
@@ -140,8 +132,8 @@ std::vector<BisectProbe> Store::list_bisect_probes(int64_t bisect_id) const {
     probe.label = select.column_text(4);
     probe.outcome = select.column_text(5);
     probe.reason = select.column_text(6);
-    probe.run_ids = parse_column(select, 7, path_, operation).get<std::vector<int64_t>>();
-    probe.details = parse_column(select, 8, path_, operation);
+    probe.run_ids = select.column_json(7, operation).get<std::vector<int64_t>>();
+    probe.details = select.column_json(8, operation);
     probe.started_at = select.column_text(9);
     probes.push_back(std::move(probe));
   }
@@ -152,7 +144,7 @@ std::vector<Bisect> Store::list_bisects() const {
   const std::string sql = std::string("SELECT ") + kBisectColumns + " FROM bisects ORDER BY id DESC";
   Statement select(db_, path_, sql.c_str(), "list bisects");
   std::vector<Bisect> bisects;
-  while (select.step()) bisects.push_back(read_bisect(select, path_));
+  while (select.step()) bisects.push_back(read_bisect(select));
   return bisects;
 }
 

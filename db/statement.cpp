@@ -86,6 +86,14 @@ std::string Statement::column_text(int column) const {
   return std::string(text, static_cast<size_t>(sqlite3_column_bytes(stmt_, column)));
 }
 
+nlohmann::json Statement::column_json(int column, const std::string& what) const {
+  try {
+    return nlohmann::json::parse(column_text(column));
+  } catch (const nlohmann::json::parse_error& error) {
+    throw DbError(path_ + ": " + what + ": stored JSON does not parse: " + error.what());
+  }
+}
+
 std::optional<int64_t> Statement::column_optional_int(int column) const {
   if (is_null(column)) return std::nullopt;
   return column_int(column);

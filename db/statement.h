@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 struct sqlite3;
 struct sqlite3_stmt;
 
@@ -48,6 +50,9 @@ class Statement {
   std::string column_text(int column) const;
   //! The value, or nullopt for NULL.
   std::optional<int64_t> column_optional_int(int column) const;
+  //! The column's text parsed as JSON; DbError "<path>: <what>: stored JSON does not parse: ..."
+  //! when it does not.
+  nlohmann::json column_json(int column, const std::string& what) const;
 
  private:
   void check_bind(int rc);

@@ -154,21 +154,13 @@ std::optional<int> narrow(const std::optional<int64_t>& value) {
   return static_cast<int>(*value);
 }
 
-nlohmann::json json_column(const Statement& row, int column, const std::string& path, const std::string& what) {
-  try {
-    return nlohmann::json::parse(row.column_text(column));
-  } catch (const nlohmann::json::parse_error& error) {
-    throw DbError(path + ": " + what + ": stored JSON does not parse: " + error.what());
-  }
-}
-
 // Column list shared by list_runs and get_run; read_run below follows its order.
 constexpr const char* kRunColumns =
     "r.id, e.name, r.experiment_id, e.spec_hash, r.env_id, r.device, r.profile, r.status, r.verdict, "
     "r.evidence, r.args, r.error, r.started_at, r.finished_at, r.replay_of, r.owner_host, r.owner_pid, r.owner_start";
 constexpr int kRunColumnCount = 18;
 
-Run read_run(const Statement& row, const std::string& path) {
+Run read_run(const Statement& row) {
   Run run;
   run.id = row.column_int(0);
   const std::string what = "read run " + std::to_string(run.id);
@@ -180,8 +172,8 @@ Run read_run(const Statement& row, const std::string& path) {
   run.profile = row.column_text(6);
   run.status = row.column_text(7);
   run.verdict = row.column_text(8);
-  run.evidence = json_column(row, 9, path, what + " evidence");
-  run.args = json_column(row, 10, path, what + " args");
+  run.evidence = row.column_json(9, what + " evidence");
+  run.args = row.column_json(10, what + " args");
   run.error = row.column_text(11);
   run.started_at = row.column_text(12);
   run.finished_at = row.column_text(13);
@@ -464,7 +456,7 @@ std::vector<Run> Store::list_runs(const RunFilter& filter) const {
   select.bind_int(2, filter.failed_only ? 1 : 0).bind_int(3, filter.limit > 0 ? filter.limit : -1);
   std::vector<Run> runs;
   while (select.step()) {
-    runs.push_back(read_run(select, path_));
+    runs.push_back(read_run(select));
     apply_abandoned(runs.back());
   }
   return runs;
@@ -482,11 +474,11 @@ std::optional<RunDetail> Store::get_run(int64_t run_id) const {
   select_run.bind_int(1, run_id);
   if (!select_run.step()) return std::nullopt;
   RunDetail detail;
-  detail.run = read_run(select_run, path_);
+  detail.run = read_run(select_run);
   apply_abandoned(detail.run);
-  detail.spec = json_column(select_run, kRunColumnCount, path_, operation + " spec");
+  detail.spec = select_run.column_json(kRunColumnCount, operation + " spec");
   if (!select_run.is_null(kRunColumnCount + 1)) {
-    detail.env = json_column(select_run, kRunColumnCount + 1, path_, operation + " env");
+    detail.env = select_run.column_json(kRunColumnCount + 1, operation + " env");
   }
 
   Statement trials(db_, path_,
@@ -500,17 +492,17 @@ std::optional<RunDetail> Store::get_run(int64_t run_id) const {
     const std::string what = operation + " trial " + std::to_string(trial.id);
     trial.run_id = trials.column_int(1);
     trial.variant = trials.column_text(2);
-    trial.point = json_column(trials, 3, path_, what + " point");
+    trial.point = trials.column_json(3, what + " point");
     trial.status = trials.column_text(4);
     trial.exit_code = narrow(trials.column_optional_int(5));
     trial.signal = narrow(trials.column_optional_int(6));
     trial.error = trials.column_text(7);
     trial.stderr_tail = trials.column_text(8);
     trial.requested_bytes = trials.column_optional_int(9);
-    trial.dispatch = json_column(trials, 10, path_, what + " dispatch");
+    trial.dispatch = trials.column_json(10, what + " dispatch");
     trial.duration_s = trials.column_real(11);
     trial.started_at = trials.column_text(12);
-    trial.details = json_column(trials, 13, path_, what + " details");
+    trial.details = trials.column_json(13, what + " details");
     detail.trials.push_back(std::move(trial));
   }
 
@@ -521,7 +513,7 @@ std::optional<RunDetail> Store::get_run(int64_t run_id) const {
   while (metrics.step()) {
     Metric metric;
     metric.variant = metrics.column_text(0);
-    metric.point = json_column(metrics, 1, path_, operation + " metric point");
+    metric.point = metrics.column_json(1, operation + " metric point");
     metric.name = metrics.column_text(2);
     metric.value = metrics.column_real(3);
     metric.unit = metrics.column_text(4);
@@ -553,7 +545,7 @@ std::optional<nlohmann::json> Store::get_env(const std::string& env_id) const {
   Statement select(db_, path_, "SELECT json FROM envs WHERE id = ?1", "get env " + env_id);
   select.bind_text(1, env_id);
   if (!select.step()) return std::nullopt;
-  return json_column(select, 0, path_, "get env " + env_id);
+  return select.column_json(0, "get env " + env_id);
 }
 
 std::vector<ExperimentRow> Store::list_experiments() const {
@@ -592,7 +584,7 @@ std::optional<Run> Store::latest_run(const std::string& experiment, const std::o
     select.bind_null(2);
   }
   if (!select.step()) return std::nullopt;
-  return read_run(select, path_);
+  return read_run(select);
 }
 
 std::vector<Run> Store::list_replays(int64_t run_id) const {
@@ -602,7 +594,7 @@ std::vector<Run> Store::list_replays(int64_t run_id) const {
   Statement select(db_, path_, sql.c_str(), "list replays of run " + std::to_string(run_id));
   select.bind_int(1, run_id);
   std::vector<Run> runs;
-  while (select.step()) runs.push_back(read_run(select, path_));
+  while (select.step()) runs.push_back(read_run(select));
   return runs;
 }
 
@@ -629,7 +621,7 @@ std::vector<int64_t> Store::settle_abandoned_runs() {
                             " FROM runs r JOIN experiments e ON e.id = r.experiment_id WHERE r.status = 'running'";
     Statement select(db_, path_, sql.c_str(), "find abandoned runs");
     while (select.step()) {
-      Run run = read_run(select, path_);
+      Run run = read_run(select);
       // Runs of an older schema have no owner; they cannot be judged and are left as they are.
       const auto alive = process_alive({run.owner_host, static_cast<long>(run.owner_pid), run.owner_start});
       if (alive && !*alive) gone.push_back(std::move(run));
@@ -667,7 +659,7 @@ std::vector<Run> Store::runs_elsewhere() const {
   Statement select(db_, path_, sql.c_str(), "list running runs");
   std::vector<Run> runs;
   while (select.step()) {
-    Run run = read_run(select, path_);
+    Run run = read_run(select);
     if (!process_alive({run.owner_host, static_cast<long>(run.owner_pid), run.owner_start}).has_value() &&
         !run.owner_host.empty())
       runs.push_back(std::move(run));

@@ -391,6 +391,22 @@ TEST_CASE("writes that refer to missing rows fail naming the db and the operatio
   CHECK(raw.integer("SELECT count(*) FROM trials") == 0);
 }
 
+TEST_CASE("a stored JSON column that does not parse names the db, the row and the column", "[db]") {
+  TempDir dir;
+  const std::string path = dir.file("harness.db");
+  Store store(path);
+  Run run;
+  run.experiment_id = store.put_experiment("bwd_fusion", sample_spec());
+  run.env_id = store.put_env(sample_env());
+  const int64_t run_id = store.begin_run(run);
+  CHECK(store.get_run(run_id).has_value());
+
+  RawDb(path).exec("UPDATE runs SET evidence = '{\"peak\": ' WHERE id = " + std::to_string(run_id));
+  const std::string message = db_error_of([&] { store.get_run(run_id); });
+  CHECK(contains(message, path + ": read run " + std::to_string(run_id) + " evidence: stored JSON does not parse"));
+  CHECK(contains(db_error_of([&] { store.list_runs({}); }), "read run " + std::to_string(run_id) + " evidence"));
+}
+
 TEST_CASE("list_runs is newest first and filters by experiment, failure and limit", "[db]") {
   TempDir dir;
   Store store(dir.file("harness.db"));
