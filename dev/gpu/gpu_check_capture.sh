@@ -63,7 +63,9 @@ assert header["memory"]["snapshot"], "no allocator snapshot"
 import os, pickle
 with open(os.path.join(os.path.dirname(files[0]), header["memory"]["snapshot"]), "rb") as f:
     snapshot = pickle.load(f)
-live = sorted((b["size"] for s in snapshot["segments"] for b in s["blocks"] if b["state"] == "active_allocated"), reverse=True)
+# Live as analysis/memory_snapshot.cpp counts them (what harness triage reports): allocated or pending free.
+live = sorted((b["size"] for s in snapshot["segments"] for b in s["blocks"]
+               if b["state"] in ("active_allocated", "active_pending_free")), reverse=True)
 print("snapshot: %d live blocks, %.2f GiB; largest (GiB):" % (len(live), sum(live) / 2**30), [round(b / 2**30, 2) for b in live[:6]])
 PY
       ;;
