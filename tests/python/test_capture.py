@@ -4,7 +4,8 @@ End to end (python -m harness.capture on examples/train_dflash.py's CPU mode wit
 failure -> capture file -> harness triage -> writeup, the step replayed by `replay --import` and
 compared), a job that succeeds (nothing written), the byte budget, the mask tables of a flex
 BlockMask and of an SDPA mask, torch.compile(flex_attention), --nan-check, ranks started by
-torch.multiprocessing.spawn and by torchrun through HARNESS_CAPTURE and the package's .pth.
+torch.multiprocessing.spawn and by torchrun through HARNESS_CAPTURE and the package's .pth, and
+bench/capture_overhead.py in the CPU mode.
 """
 
 import json
@@ -327,3 +328,19 @@ def test_a_mask_no_named_kind_describes_is_triaged_and_replays_as_its_bits(harne
     # The import replays the mask as its bits (a blockmask) and keeps why no named kind fits.
     assert replay.returncode == 0, replay.stderr
     assert "MATCH" in replay.stdout, replay.stdout
+
+
+def test_the_overhead_bench_times_captured_steps_that_observe_the_jobs_calls():
+    # bench/capture_overhead.py in the example's CPU mode: its JSON report, and the captured steps saw
+    # the job's 2 attention calls (a figure from steps that observed nothing would not be the capture's).
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "capture_overhead.py"), "--pairs", "2", "--warmup", "1",
+                           "--", "--small", "--device", "cpu"],
+                          capture_output=True, text=True, env=python_env(), timeout=600)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["attention_calls_per_step"] == 2, report
+    assert len(report["plain_step_s"]) == len(report["captured_step_s"]) == 2
+    assert report["plain_median_s"] > 0 and report["captured_median_s"] > 0
+    per_call = report["per_call_overhead_us"]
+    assert per_call["plain_us"] > 0 and per_call["captured_us"] > 0
+    assert "no attention call was observed" not in done.stderr
