@@ -1,7 +1,6 @@
 #pragma once
 // What the end-to-end tests of the built binary share: running `harness` with captured output, a
-// scratch folder per test, reading files whole. HARNESS_BINARY is the binary under test (set by
-// tests/CMakeLists.txt).
+// scratch folder per test, reading files whole. HARNESS_BINARY is the binary under test (tests/test_paths.h).
 
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -12,6 +11,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+
+#include "tests/test_paths.h"
 
 namespace harness::test {
 

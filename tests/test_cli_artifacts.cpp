@@ -17,6 +17,7 @@
 
 #include "tests/catch.h"
 #include "tests/cli_support.h"
+#include "tests/test_paths.h"
 
 namespace {
 

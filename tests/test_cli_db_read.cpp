@@ -14,6 +14,7 @@
 
 #include "tests/catch.h"
 #include "tests/cli_support.h"
+#include "tests/test_paths.h"
 
 namespace {
 

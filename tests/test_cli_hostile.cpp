@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/catch.h"
+#include "tests/test_paths.h"
 
 namespace {
 

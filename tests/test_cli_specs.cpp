@@ -13,6 +13,7 @@
 
 #include "tests/catch.h"
 #include "tests/cli_support.h"
+#include "tests/test_paths.h"
 
 namespace {
 

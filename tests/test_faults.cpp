@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/catch.h"
+#include "tests/test_paths.h"
 
 extern char** environ;
 

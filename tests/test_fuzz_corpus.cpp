@@ -10,6 +10,7 @@
 #include "replay/capsule_file.h"
 #include "tests/catch.h"
 #include "tests/fuzz/fuzz_targets.h"
+#include "tests/test_paths.h"
 
 namespace {
 

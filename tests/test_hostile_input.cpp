@@ -16,6 +16,7 @@
 #include "experiments/spec.h"
 #include "experiments/tolerance.h"
 #include "tests/catch.h"
+#include "tests/test_paths.h"
 
 namespace {
 

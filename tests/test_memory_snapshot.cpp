@@ -13,6 +13,7 @@
 #include "experiments/memory_model.h"
 #include "experiments/spec.h"
 #include "tests/catch.h"
+#include "tests/test_paths.h"
 
 namespace {
 

@@ -14,6 +14,7 @@
 #include "core/errors.h"
 #include "core/python_env.h"
 #include "tests/catch.h"
+#include "tests/test_paths.h"
 
 namespace {
 

@@ -13,6 +13,7 @@
 #include "experiments/spec.h"
 #include "experiments/verdict.h"
 #include "tests/catch.h"
+#include "tests/test_paths.h"
 
 using namespace harness;
 

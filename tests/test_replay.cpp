@@ -23,6 +23,7 @@
 #include "replay/mask_bits.h"
 #include "tests/catch.h"
 #include "tests/mask_cases.h"
+#include "tests/test_paths.h"
 
 using namespace harness;
 

@@ -13,6 +13,7 @@
 #include "experiments/spec.h"
 #include "experiments/sweep.h"
 #include "tests/catch.h"
+#include "tests/test_paths.h"
 
 namespace {
 

@@ -16,6 +16,7 @@
 #include "core/files.h"
 #include "tests/analysis_test_db.h"
 #include "tests/catch.h"
+#include "tests/test_paths.h"
 
 namespace {
 
