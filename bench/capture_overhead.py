@@ -49,9 +49,8 @@ def main():
     # The job is built while a capture is active, as under `python -m harness.capture`: its
     # torch.compile(flex_attention) is then the observed form (a compiled attention made outside any
     # capture is never observed). With no capture active, that form calls straight through.
-    capture.start(capture.Options(out_dir))
-    job = train_dflash.Job(train_dflash.parse_args(example_args))
-    capture.stop()
+    with capture.capture(out_dir):
+        job = train_dflash.Job(train_dflash.parse_args(example_args))
     step_index = 0
     for _ in range(args.warmup):
         job.step(step_index)
