@@ -890,6 +890,12 @@ def drive(args):
                     job = {"peer": peer, "case": name, "mask": mask, "dims": entry["dims"], "seed": args.seed,
                            "reps": args.reps, "device": args.device, "flex_mask": args.flex_mask,
                            "ops_library": args.ops_library}
+                    if args.write_jobs:  # for a profiler: the worker's job, run later with --worker
+                        path = os.path.join(args.write_jobs, f"{name}_{peer}.json")
+                        with open(path, "w") as f:
+                            json.dump(job, f)
+                        runs.append({"peer": peer, "error": f"job written to {path}"})
+                        continue
                     runs.append(run_worker_process(job, timeout))
             row = merge_repeats(runs)
             entry["rows"].append(row)
@@ -1013,6 +1019,8 @@ def main():
     parser.add_argument("--json-out")
     parser.add_argument("--md-out")
     parser.add_argument("--dry-run", action="store_true", help="CPU: check the mask forms against the reference, then exit")
+    parser.add_argument("--write-jobs", metavar="DIR", help="write each Python peer's worker job to DIR/CASE_PEER.json "
+                        "instead of running it (to run one under a profiler: --worker DIR/CASE_PEER.json RESULT)")
     parser.add_argument("--worker", nargs=2, metavar=("JOB", "RESULT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -1022,6 +1030,8 @@ def main():
         with open(args.worker[1], "w") as f:
             json.dump(result, f)
         return 0
+    if args.write_jobs:
+        os.makedirs(args.write_jobs, exist_ok=True)
     if args.dry_run:
         failures = dry_run()
         for failure in failures:

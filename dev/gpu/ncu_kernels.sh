@@ -6,8 +6,14 @@
 #   SpeedOfLight (SM and memory throughput), ComputeWorkloadAnalysis (pipe utilization: the tensor
 #   pipe is what matters), WarpStateStats and the stall-reason metrics (why warps stall: warps
 #   stalled per issued instruction, by reason), Occupancy, LaunchStats.
+# PEER_CASES ("CASE:PEER ...", e.g. "causal-128:fa4 dflash-512:flex-flash") profiles a peer's kernels
+# the same way, side by side with ours: bench/attention_vs_flex.py writes that peer's worker job
+# (--write-jobs), and the worker runs under Nsight Compute, which profiles the first PEER_KERNELS
+# (default 6) launches whose names match PEER_KERNEL_REGEX (default [Ff]lash: flash-attn-4's CuTe DSL
+# kernels, which flex's FLASH backend also runs): the first call's forward and backward kernels.
 # Env: BENCH (harness_bench_attention), CASES ("causal-128 dflash-512 dflash-128"), OUT.
-# Writes $OUT/ncu_<case>_<fwd|bwd>.txt and prints a short summary per kernel.
+# Writes $OUT/ncu_<case>_<fwd|bwd>.txt (ours) and $OUT/ncu_<case>_<peer>.txt, and prints a short
+# summary per kernel.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 out=${OUT:-$root/out}
@@ -26,6 +32,13 @@ case_flags() {  # the bench's case names (bench/attention_vs_flex.py CASES) -> h
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy
           --section LaunchStats --section MemoryWorkloadAnalysis
           --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio')
+summary() {  # FILE: the figures that say where each kernel in it is limited
+  grep -E '^\s+(Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|SM Busy|Warp Cycles Per Issued Instruction|Dynamic Shared Memory Per Block|Grid Size|Block Size)\b' "$1" | head -14
+  grep -oE '[A-Za-z]+ is the highest-utilized pipeline \([0-9.]+%\)' "$1" | head -1
+  # The three largest stall reasons (warps stalled per issued instruction).
+  grep -E 'smsp__average_warps_issue_stalled_' "$1" | awk '{print $NF, $1}' | sort -gr | head -3 |
+    sed -E 's/smsp__average_warps_issue_stalled_([a-z_]+)_per_issue_active.ratio/stalled \1/'
+}
 for c in ${CASES:-causal-128 dflash-512 dflash-128}; do
   flags=$(case_flags "$c") || continue
   for phase in fwd bwd; do
@@ -35,11 +48,28 @@ for c in ${CASES:-causal-128 dflash-512 dflash-128}; do
     HARNESS_AUTOTUNE=off timeout 240 "$ncu" --clock-control none --target-processes all -k "$kernel" -s 3 -c 1 \
       "${sections[@]}" --print-units base "$bench" $flags --impl fused --reps 1 >"$file" 2>&1
     echo "== $c $phase (rc=$?): $(grep -m1 -oE 'attention_[a-z_]+kernel' "$file")"
-    grep -E '^\s+(Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|SM Busy|Warp Cycles Per Issued Instruction|Dynamic Shared Memory Per Block)\b' "$file" | head -12
-    grep -oE '[A-Za-z]+ is the highest-utilized pipeline \([0-9.]+%\)' "$file" | head -1
-    # The three largest stall reasons (warps stalled per issued instruction).
-    grep -E 'smsp__average_warps_issue_stalled_' "$file" | awk '{print $NF, $1}' | sort -gr | head -3 |
-      sed -E 's/smsp__average_warps_issue_stalled_([a-z_]+)_per_issue_active.ratio/stalled \1/'
-
+    summary "$file"
   done
 done
+jobs_dir=$(mktemp -d)
+for pc in ${PEER_CASES:-}; do
+  c=${pc%%:*} peer=${pc#*:}
+  python3 "$root/bench/attention_vs_flex.py" --binary "$bench" --cases "$c" --peers "$peer" --reps 2 \
+    --write-jobs "$jobs_dir" >/dev/null 2>"$out/ncu_${c}_${peer}.jobs.log"
+  job=$jobs_dir/${c}_${peer}.json
+  [[ -f $job ]] || { echo "== $c $peer: no job written ($(tail -1 "$out/ncu_${c}_${peer}.jobs.log"))"; continue; }
+  file=$out/ncu_${c}_${peer}.txt
+  timeout 300 "$ncu" --clock-control none --target-processes all -k "regex:${PEER_KERNEL_REGEX:-[Ff]lash}" \
+    -c "${PEER_KERNELS:-6}" "${sections[@]}" --print-units base python3 "$root/bench/attention_vs_flex.py" \
+    --worker "$job" "$jobs_dir/result.json" >"$file" 2>&1
+  echo "== $c $peer (rc=$?)"
+  # One block per profiled kernel: its header line names it (", Context N, Stream M, Device D").
+  awk -v dir="$jobs_dir" '/, Context [0-9]+, Stream [0-9]+/ {n++} n {print > (dir "/kernel" n ".txt")}' "$file"
+  for k in "$jobs_dir"/kernel*.txt; do
+    [[ -f $k ]] || continue
+    echo "-- $(head -1 "$k" | sed -E 's/^ +//; s/\(([0-9]+, ?){2}[0-9]+\)x.*//' | cut -c1-120)"
+    summary "$k"
+    rm -f "$k"
+  done
+done
+rm -rf "$jobs_dir"

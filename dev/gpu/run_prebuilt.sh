@@ -14,7 +14,8 @@
 #   evidence  dev/gpu/gpu_check_evidence.sh
 #   host      the host side of a fused call: host µs per call and the phase time as the harness
 #             measures it against the kernels' back-to-back time (harness_bench_attention)
-#   ncu       dev/gpu/ncu_kernels.sh: Nsight Compute on the fwd/bwd kernels (NCU_CASES)
+#   ncu       dev/gpu/ncu_kernels.sh: Nsight Compute on the fwd/bwd kernels (NCU_CASES), and a peer's
+#             (PEER_CASES, e.g. "causal-128:fa4", once a bench step installed flash-attn-4)
 #   bench     bench/attention_vs_flex.py (CASES, PEERS, BUDGET_S)
 #   peaks     bwd_fusion's fused peaks that the memory model's test checks (not in the default STEPS)
 #   matrix    dev/gpu/model_matrix.sh (MATRIX_STEPS, default flex: compiled-flex steps per model
@@ -127,8 +128,12 @@ PY
 fi
 if want ncu; then
   step "Nsight Compute on the kernels"
+  # PEER_CASES (e.g. "causal-128:fa4"): a peer's kernels too, with flash-attn-4 as the bench step
+  # installed it on this machine (an earlier command's bench step, sent with both wheel halves).
+  fa4_site=${FA4_SITE:-/tmp/fa4-site}
+  [[ -f $fa4_site/.installed ]] && export PYTHONPATH=$fa4_site:$fa4_site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}
   BENCH=$build/bench/harness_bench_attention CASES="${NCU_CASES:-causal-128 dflash-512 dflash-128}" \
-    timeout "${NCU_TIMEOUT:-240}" dev/gpu/ncu_kernels.sh 2>&1 | tail -80
+    timeout "${NCU_TIMEOUT:-240}" dev/gpu/ncu_kernels.sh 2>&1 | tail -"${NCU_TAIL:-80}"
 fi
 if want ab; then
   step "kernel A/B: $(cat "${AB_DIR:-.gpu-ab}/old_commit" 2>/dev/null || echo old) against this tree's kernels"
