@@ -116,6 +116,26 @@ def test_driver_on_cpu_end_to_end(tmp_path):
     assert "| tiny-dflash | fa4 |" in table and "cannot run" in table
 
 
+def test_a_written_job_runs_alone_as_the_driver_would_run_it(tmp_path):
+    """--write-jobs (for a profiler) writes the worker's job and runs nothing; that job run with
+    --worker times the peer on the case's mask, as the driver's own process would."""
+    jobs = tmp_path / "jobs"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--cases", "tiny-prefix_lm", "--peers", "flex",
+                           "--reps", "2", "--write-jobs", str(jobs)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    job_path = jobs / "tiny-prefix_lm_flex.json"
+    job = json.loads(job_path.read_text())
+    assert job["peer"] == "flex" and job["case"] == "tiny-prefix_lm" and job["reps"] == 2
+    assert f"job written to {job_path}" in proc.stdout  # the row says so; nothing was timed
+    result_path = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--worker", str(job_path), str(result_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(result_path.read_text())
+    assert result["fwd"]["n"] == 2 and result["check_max_abs_err"] < bench.CHECK_TOLERANCE
+    assert result["pairs_per_head"] == job["mask"]["pairs_per_head"]
+
+
 def test_unknown_case_is_a_usage_error():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--cases", "nope", "--peers", "flex"],
                           capture_output=True, text=True, timeout=120)
