@@ -895,7 +895,7 @@ def drive(args):
                         with open(path, "w") as f:
                             json.dump(job, f)
                         runs.append({"peer": peer, "error": f"job written to {path}"})
-                        continue
+                        break  # one job per (case, peer), whatever --repeats
                     runs.append(run_worker_process(job, timeout))
             row = merge_repeats(runs)
             entry["rows"].append(row)

@@ -19,7 +19,9 @@ mkdir -p "$out"
 build_dir=${BUILD_DIR:-$root/build-h200}
 start=$(date +%s)
 
-site=${FA4_SITE:-/tmp/fa4-site}  # outside the tree: a later command on the same machine reuses it
+# shellcheck source=dev/gpu/fa4_env.sh
+source "$root/dev/gpu/fa4_env.sh"
+site=$fa4_site
 # The first half may have come with an earlier command on this machine: it is kept in /tmp.
 part1=.whl/fa4-part1
 if [[ -d $part1 ]]; then rm -rf /tmp/fa4-part1 && cp -r "$part1" /tmp/fa4-part1; fi
@@ -43,8 +45,7 @@ if [[ -d $part1 && -d .whl/fa4-part2 && ! -f $site/.installed ]]; then
   rm -rf "$wheels"
 fi
 if [[ -f $site/.installed ]]; then
-  # nvidia_cutlass_dsl_packages.pth would add dsl_packages/ in a site dir; --target is not one.
-  export PYTHONPATH=$site:$site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}
+  fa4_path
   python3 -c 'import flash_attn.cute, importlib.metadata as m; print("flash-attn-4", m.version("flash-attn-4"))' \
     || echo "flash_attn.cute does not import: flex-flash and fa4 will say why in the table"
 fi

@@ -130,8 +130,8 @@ if want ncu; then
   step "Nsight Compute on the kernels"
   # PEER_CASES (e.g. "causal-128:fa4"): a peer's kernels too, with flash-attn-4 as the bench step
   # installed it on this machine (an earlier command's bench step, sent with both wheel halves).
-  fa4_site=${FA4_SITE:-/tmp/fa4-site}
-  [[ -f $fa4_site/.installed ]] && export PYTHONPATH=$fa4_site:$fa4_site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}
+  # shellcheck source=dev/gpu/fa4_env.sh
+  source dev/gpu/fa4_env.sh && fa4_path
   BENCH=$build/bench/harness_bench_attention CASES="${NCU_CASES:-causal-128 dflash-512 dflash-128}" \
     timeout "${NCU_TIMEOUT:-240}" dev/gpu/ncu_kernels.sh 2>&1 | tail -"${NCU_TAIL:-80}"
 fi
