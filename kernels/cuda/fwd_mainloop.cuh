@@ -327,7 +327,8 @@ struct FwdConsumerItem {
     // are issued (it does not depend on S): between the two waits below the code must be free of
     // branches, or ptxas puts the wait for P V at the branch and the softmax no longer overlaps it.
     // The first partial blocks' bits come from the table (mask_bits.cuh: two 8-byte loads per
-    // 64 keys, a few shifts), the rest are evaluated here.
+    // 64 keys, a few shifts), the rest are evaluated here (a generic mask's from its own bits, in
+    // the table's form: keep_bits_from_bitmap).
     static_assert(kBlockN / 2 <= 64, "one bit per score of this thread");
     constexpr int kWords = kBlockN / 64;
     const int slot_words = p.blocks.block_m * kWords;
@@ -352,6 +353,7 @@ struct FwdConsumerItem {
           row_mask[0] = item_mask[0];
           row_mask[1] = item_mask[1];
         }
+        if (p.mask.kind == MaskCode::blockmask) return keep_bits_from_bitmap<kBlockN>(row_mask, p.mask.bit_words, kv0);
         int32_t docs[kBlockN / 8][2];
         load_key_docs<kBlockN>(docs, p.mask, kv0);
 #pragma unroll

@@ -68,6 +68,30 @@ __device__ __forceinline__ uint64_t keep_bits_from_table(const uint64_t* row0, c
   return keep;
 }
 
+//! This thread's keep word of a generic mask's tile of kBlockN keys at kv0 (a multiple of 64),
+//! read from the mask's own bits (QueryMask rows of kind kBitmapRow: bit kv % 32 of word kv / 32,
+//! so words kv0 / 32 + 2 w and + 1 are the table's word w) instead of one load per score. A row
+//! without bits (past q_len) and words past the row's end read as 0.
+template <int kBlockN>
+__device__ __forceinline__ uint64_t keep_bits_from_bitmap(const QueryMask (&row)[2], int bit_words, int kv0) {
+  static_assert(kBlockN == 64 || kBlockN == 128, "one or two words per row");
+  uint64_t keep = 0;
+#pragma unroll
+  for (int w = 0; w < kBlockN / 64; ++w) {
+    uint64_t word[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const bool has_bits = row[i].doc == kBitmapRow;
+      const int lo = (kv0 >> 5) + 2 * w;
+      const uint32_t low = has_bits && lo < bit_words ? __ldg(bitmap_words(row[i]) + lo) : 0u;
+      const uint32_t high = has_bits && lo + 1 < bit_words ? __ldg(bitmap_words(row[i]) + lo + 1) : 0u;
+      word[i] = low | (uint64_t{high} << 32);
+    }
+    keep |= keep_bits_of_words(word[0], word[1]) << (4 * w);
+  }
+  return keep;
+}
+
 //! -inf where the keep word's bit is clear.
 template <int kCols>
 __device__ __forceinline__ void apply_keep_bits(float (&s)[kCols / 8][4], uint64_t keep) {

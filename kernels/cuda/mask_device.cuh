@@ -112,19 +112,13 @@ __device__ __forceinline__ bool visible_named(const QueryMask& row, int32_t kv_d
   return in_context | ((kv >= row.band_lo) & (kv < row.band_hi));
 }
 
-//! Whether a blockmask row sees key kv: its bit, read for keys inside [0, kv_len) only (a ragged
-//! tile's padding keys lie past the row's words).
-__device__ __forceinline__ bool visible_bits(const QueryMask& row, int kv) {
-  return (kv >= row.ctx_lo) && (kv < row.ctx_hi) && ((__ldg(bitmap_words(row) + (kv >> 5)) >> (kv & 31)) & 1u);
-}
-
-//! Either, by the row's kind (for code that evaluates a mask once, and the forward's keep bits past
-//! the bit table). The score loops of tile_math.cuh decide the kind once per tile and call
-//! visible_named or visible_bits: there a test per score split the unrolled loops into a branch
-//! each (the non-overlapped forwards 5-14% slower on dflash, H200). Written out rather than as a
-//! choice between the two calls: that form compiles the overlapped forwards to other instructions
-//! (tests/kernel_sass_test.py --against) and has not been timed on its own; this one is the code
-//! they were timed with.
+//! Either, by the row's kind (for code that evaluates a mask once: the bit tables' kernels, and the
+//! forward's keep bits of a named mask past the table). The score loops of tile_math.cuh decide
+//! the kind once per tile and call visible_named or read the blockmask rows' words: there a test
+//! per score split the unrolled loops into a branch each (the non-overlapped forwards 5-14% slower
+//! on dflash, H200). Written out rather than as a choice between the two calls: that form compiles
+//! the overlapped forwards to other instructions (tests/kernel_sass_test.py --against) and has not
+//! been timed on its own; this one is the code they were timed with.
 __device__ __forceinline__ bool visible(const QueryMask& row, int32_t kv_doc, int kv) {
   const bool in_context = (kv >= row.ctx_lo) & (kv < row.ctx_hi) & ((row.doc < 0) | (kv_doc == row.doc));
   if (row.doc == kBitmapRow) return in_context && ((__ldg(bitmap_words(row) + (kv >> 5)) >> (kv & 31)) & 1u);

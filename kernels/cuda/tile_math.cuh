@@ -49,11 +49,27 @@ template <int kCols>
 __device__ __forceinline__ void mask_scores(float (&s)[kCols / 8][4], const QueryMask (&row_mask)[2], const MaskParams& mask,
                                             int kv0) {
   if (mask.kind == MaskCode::blockmask) {
+    // Each row's words for the tile's keys loaded once (kCols / 32 per row), then a bit per score:
+    // a load per score made every partial step of a generic mask several times slower than a
+    // full one. A word past the row's end, or a row without bits (past q_len), reads as 0.
+    static_assert(kCols % 32 == 0, "the tile's keys start at a word (kv0 = kv block x kCols)");
+    constexpr int kWords = kCols / 32;
+    uint32_t words[2][kWords];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const bool has_bits = row_mask[i].doc == kBitmapRow;
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) {
+        const int word = (kv0 >> 5) + w;
+        words[i][w] = has_bits && word < mask.bit_words ? __ldg(bitmap_words(row_mask[i]) + word) : 0u;
+      }
+    }
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if (!visible_bits(row_mask[e >> 1], kv0 + tile_column(j, e))) s[j][e] = -INFINITY;
+        const int c = tile_column(j, e);
+        if (!((words[e >> 1][c >> 5] >> (c & 31)) & 1u)) s[j][e] = -INFINITY;
       }
     }
     return;
@@ -76,11 +92,21 @@ __device__ __forceinline__ void mask_scores_transposed(float (&st)[kCols / 8][4]
                                                        const int32_t (&my_doc)[2], const int (&my_kv)[2]) {
   // Every column's row is of the mask's kind: the first one says which test the tile takes.
   if (masks[0].mask.doc == kBitmapRow) {
+    // The thread's two keys (rows g and g + 8 of its warp's 16) lie in one 32-key word of every
+    // column's row: one load per column serves both. A column without bits (past q_len) and a
+    // key past kv_len (the row's ctx_hi) see nothing.
+    const int word = my_kv[0] >> 5;
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (!visible_bits(masks[tile_column(j, e) & column_mask].mask, my_kv[e >> 1])) st[j][e] = -INFINITY;
+      for (int c = 0; c < 2; ++c) {
+        const QueryMask& row = masks[tile_column(j, c) & column_mask].mask;
+        const bool has_bits = (row.doc == kBitmapRow) & (my_kv[0] >= 0) & (word < (row.ctx_hi + 31) >> 5);
+        const uint32_t bits = has_bits ? __ldg(bitmap_words(row) + word) : 0u;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (!((my_kv[r] < row.ctx_hi) & ((bits >> (my_kv[r] & 31)) & 1u))) st[j][2 * r + c] = -INFINITY;
+        }
       }
     }
     return;
