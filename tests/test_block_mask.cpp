@@ -187,10 +187,12 @@ TEST_CASE("BlockMask::to copies every list, bad block sizes are rejected", "[blo
   CHECK(message.find("block sizes must be >= 1") != std::string::npos);
 }
 
-// The premises of the two [cuda] cases that check the kernels' fallback past the mask bit tables
-// (tests/test_attention_cuda.cpp): their BlockMasks, at the kernels' tilings, have lists longer
-// than the tables' slots. Checked here, on the CPU, so that a case cannot silently stop covering
-// the fallback (a dK/dV case whose second document starts on a block edge has at most 11 of 16).
+// The premises of the [cuda] cases that check the kernels' fallback past the mask bit tables
+// (two dflash cases of tests/test_attention_cuda.cpp, and the tree BlockMask of
+// tests/python/test_attention_cuda.py): their BlockMasks, at the kernels' tilings, have lists
+// longer than the tables' slots. Checked here, on the CPU, so that a case cannot silently stop
+// covering the fallback (a dK/dV case whose second document starts on a block edge has at most 11
+// of 16; the C++ tree case, 257 queries, has at most 3 partial blocks per 32-query forward tile).
 TEST_CASE("the mask bit tables' fallback cases have lists longer than the tables", "[blockmask]") {
   namespace tiling = harness::kernels::cuda::tiling;
   auto dflash_mask = [](int64_t anchors, int64_t context, int64_t documents, std::vector<int64_t> lengths) {
@@ -220,6 +222,18 @@ TEST_CASE("the mask bit tables' fallback cases have lists longer than the tables
   const tiling::Tile tile = tiling::bwd_dkdv_tile(8, 2, 128);
   CHECK(most(build_block_mask(dflash_mask(96, 2048, 2, {1000, 1048}), tile.block_m, tile.block_n).q_num_blocks) >
         tiling::kBwdMaskBitSlots);
+  // A generic mask past the tables (its partial tiles read from its own bit rows): the Python
+  // test's tree (test_a_block_mask_matches_compiled_flex_attention: 1000 queries, 2000 keys, 8
+  // heads on 2 kv heads, hd 64 and 128), the same mask as tree_mask(1000, 2000).
+  const ResolvedMask tree = harness::test::tree_mask(1000, 2000);
+  for (const auto kernel : {harness::kernels::cuda::FwdKernel::wgmma_m64_n64_overlap,
+                            harness::kernels::cuda::FwdKernel::wgmma_m128_n128_pingpong}) {
+    const tiling::Tile fwd = tiling::fwd_tile(8, 2, kernel);
+    INFO("tree, forward tile " << fwd.block_m << "x" << fwd.block_n);
+    CHECK(most(build_block_mask(tree, fwd.block_m, fwd.block_n).kv_num_blocks) > tiling::kMaskBitSlots);
+  }
+  const tiling::Tile tree_dkdv = tiling::bwd_dkdv_tile(8, 2, 128);
+  CHECK(most(build_block_mask(tree, tree_dkdv.block_m, tree_dkdv.block_n).q_num_blocks) > tiling::kBwdMaskBitSlots);
 }
 
 TEST_CASE("wgmma_atomic splits kv blocks over CTAs only where few dK/dV CTAs would run", "[blockmask]") {
