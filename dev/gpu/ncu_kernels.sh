@@ -11,6 +11,8 @@
 # (--write-jobs), and the worker runs under Nsight Compute, which profiles the first PEER_KERNELS
 # (default 6) launches whose names match PEER_KERNEL_REGEX (default [Ff]lash: flash-attn-4's CuTe DSL
 # kernels, which flex's FLASH backend also runs): the first call's forward and backward kernels.
+# The peer ours on a generic case ("dilated_window-8k:ours") profiles our kernels on the generic
+# path the same way (default regex: our forward and backward main kernels, 2 launches).
 # Env: BENCH (harness_bench_attention), CASES ("causal-128 dflash-512 dflash-128"), OUT.
 # Writes $OUT/ncu_<case>_<fwd|bwd>.txt (ours) and $OUT/ncu_<case>_<peer>.txt, and prints a short
 # summary per kernel.
@@ -59,8 +61,13 @@ for pc in ${PEER_CASES:-}; do
   job=$jobs_dir/${c}_${peer}.json
   [[ -f $job ]] || { echo "== $c $peer: no job written ($(tail -1 "$out/ncu_${c}_${peer}.jobs.log"))"; continue; }
   file=$out/ncu_${c}_${peer}.txt
-  timeout 300 "$ncu" --clock-control none --target-processes all -k "regex:${PEER_KERNEL_REGEX:-[Ff]lash}" \
-    -c "${PEER_KERNELS:-6}" "${sections[@]}" --print-units base python3 "$root/bench/attention_vs_flex.py" \
+  # ours (harness.attention on a generic mask): our forward and backward main kernels, the kernels
+  # the heuristic picks (the autotuner off, as above, so that its trials are not what is profiled).
+  if [[ $peer == ours ]]; then regex=${PEER_KERNEL_REGEX:-attention_(fwd|bwd_(atomic|wgmma)_kernel)} count=${PEER_KERNELS:-2}
+  else regex=${PEER_KERNEL_REGEX:-[Ff]lash} count=${PEER_KERNELS:-6}
+  fi
+  HARNESS_AUTOTUNE=off timeout 300 "$ncu" --clock-control none --target-processes all -k "regex:$regex" \
+    -c "$count" "${sections[@]}" --print-units base python3 "$root/bench/attention_vs_flex.py" \
     --worker "$job" "$jobs_dir/result.json" >"$file" 2>&1
   echo "== $c $peer (rc=$?)"
   # One block per profiled kernel: its header line names it (", Context N, Stream M, Device D").

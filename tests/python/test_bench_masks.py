@@ -116,16 +116,21 @@ def test_driver_on_cpu_end_to_end(tmp_path):
     assert "| tiny-dflash | fa4 |" in table and "cannot run" in table
 
 
-def test_a_written_job_runs_alone_as_the_driver_would_run_it(tmp_path):
+@pytest.mark.parametrize("peer", ["flex", "ours"])
+def test_a_written_job_runs_alone_as_the_driver_would_run_it(tmp_path, peer, request):
     """--write-jobs (for a profiler) writes the worker's job and runs nothing; that job run with
-    --worker times the peer on the case's mask, as the driver's own process would."""
+    --worker times the peer on the case's mask, as the driver's own process would. ours on a
+    generic mask is such a job too (harness.attention given the BlockMask), so Nsight Compute can
+    profile the generic path (dev/gpu/ncu_kernels.sh PEER_CASES="CASE:ours")."""
+    if peer == "ours":
+        request.getfixturevalue("ops")  # the op library (skips, or fails under HARNESS_REQUIRE_NATIVE)
     jobs = tmp_path / "jobs"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--cases", "tiny-prefix_lm", "--peers", "flex",
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--cases", "tiny-prefix_lm", "--peers", peer,
                            "--reps", "2", "--write-jobs", str(jobs)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    job_path = jobs / "tiny-prefix_lm_flex.json"
+    job_path = jobs / f"tiny-prefix_lm_{peer}.json"
     job = json.loads(job_path.read_text())
-    assert job["peer"] == "flex" and job["case"] == "tiny-prefix_lm" and job["reps"] == 2
+    assert job["peer"] == peer and job["case"] == "tiny-prefix_lm" and job["reps"] == 2
     assert f"job written to {job_path}" in proc.stdout  # the row says so; nothing was timed
     result_path = tmp_path / "result.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--worker", str(job_path), str(result_path)],
