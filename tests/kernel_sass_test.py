@@ -24,11 +24,11 @@ type alike:
      backward, which still builds its descriptors that way.
 Usage: kernel_sass_test.py NVCC SOURCE_ROOT [PYTHON] [--cache DIR] [--save DIR | --against DIR].
 --cache DIR keeps each file's cubin and ptxas output under a key of nvcc's version, the compile line
-and the contents of every file under kernels/ (what the .cu files can include): a rerun over the
-same sources checks the same SASS without compiling it again (CTest passes the build folder's
-kernel_sass_cache/). cuobjdump comes
-from the CUDA toolkit or, where the toolkit has none (Debian's machine here), from the triton wheel
-torch depends on, found through PYTHON. Exit 77 (skipped) with the reason when neither exists.
+and the contents of every source file under kernels/ (what the .cu files can include; not its
+Markdown): a rerun over the same sources checks the same SASS without compiling it again (CTest
+passes HARNESS_KERNEL_SASS_CACHE, by default ~/.cache/harness/kernel_sass, which every checkout
+shares). cuobjdump comes from the CUDA toolkit or, where the toolkit has none (Debian's machine
+here), from the triton wheel torch depends on, found through PYTHON. Exit 77 (skipped) with the reason when neither exists.
 --save DIR also writes each kernel's SASS (addresses and encodings dropped) to DIR, one file per
 kernel named by its demangled name; --against DIR compares this tree's kernels with
 such a folder (saved from another commit) and prints, per saved kernel, whether this tree has a
@@ -133,8 +133,8 @@ def kernel_sources(root):
 
 
 def sources_key(nvcc, root):
-    """A digest of nvcc's version and every file under kernels/ (the .cu files include nothing of the
-    project outside it): what a cached cubin was compiled from."""
+    """A digest of nvcc's version and every source file under kernels/ (the .cu files include nothing
+    of the project outside it; its Markdown is left out): what a cached cubin was compiled from."""
     digest = hashlib.sha256()
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
     digest.update((os.path.realpath(nvcc) + version.stdout).encode())
@@ -142,6 +142,8 @@ def sources_key(nvcc, root):
     for folder, dirs, files in sorted(os.walk(kernels)):
         dirs.sort()
         for name in sorted(files):
+            if name.endswith(".md"):
+                continue
             path = os.path.join(folder, name)
             digest.update(os.path.relpath(path, kernels).encode() + b"\0")
             with open(path, "rb") as text:
@@ -161,7 +163,9 @@ def disassemble(nvcc, root, cuobjdump, cache=None):
                            "-cubin", "-Xptxas", "-v", "-o", cubin, source]
             kept = None
             if cache:
-                line = hashlib.sha256((key + "\0".join(compile_cmd[:-3] + [os.path.relpath(source, root)])).encode())
+                # The compile line with the checkout's path left out: every checkout shares the cache.
+                flags = [arg.replace(root, "<root>") for arg in compile_cmd[:-3]]
+                line = hashlib.sha256((key + "\0".join(flags + [os.path.relpath(source, root)])).encode())
                 kept = os.path.join(cache, line.hexdigest()[:32])
             if kept and os.path.isfile(kept + ".cubin") and os.path.isfile(kept + ".log"):
                 cubin = kept + ".cubin"
