@@ -28,7 +28,8 @@ and the contents of every source file under kernels/ (what the .cu files can inc
 Markdown): a rerun over the same sources checks the same SASS without compiling it again (CTest
 passes HARNESS_KERNEL_SASS_CACHE, by default ~/.cache/harness/kernel_sass, which every checkout
 shares). cuobjdump comes from the CUDA toolkit or, where the toolkit has none (Debian's machine
-here), from the triton wheel torch depends on, found through PYTHON. Exit 77 (skipped) with the reason when neither exists.
+here), from the triton wheel torch depends on, found through PYTHON. Exit 77 (skipped) with the
+reason when neither exists.
 --save DIR also writes each kernel's SASS (addresses and encodings dropped) to DIR, one file per
 kernel named by its demangled name; --against DIR compares this tree's kernels with
 such a folder (saved from another commit) and prints, per saved kernel, whether this tree has a

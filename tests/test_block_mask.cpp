@@ -208,32 +208,31 @@ TEST_CASE("the mask bit tables' fallback cases have lists longer than the tables
     return resolve_mask(desc, geometry);
   };
   auto most = [](const at::Tensor& counts) { return counts.max().item<int64_t>(); };
-  // Forward: one query head per kv head, the overlapped kernels' tilings.
-  for (const int64_t context : {1664, 1500}) {
-    const ResolvedMask mask = dflash_mask(24, context, 5, {});
+  // The longest partial list of a q block at the overlapped forwards' tilings, and of a kv block at
+  // the dK/dV tiling, for `heads` on `kv_heads`.
+  auto past_forward_table = [&](const ResolvedMask& mask, int64_t heads, int64_t kv_heads, const std::string& label) {
     for (const auto kernel : {harness::kernels::cuda::FwdKernel::wgmma_m64_n64_overlap,
                               harness::kernels::cuda::FwdKernel::wgmma_m128_n128_pingpong}) {
-      const tiling::Tile tile = tiling::fwd_tile(4, 4, kernel);
-      INFO("context " << context << ", tile " << tile.block_m << "x" << tile.block_n);
+      const tiling::Tile tile = tiling::fwd_tile(heads, kv_heads, kernel);
+      INFO(label << ", tile " << tile.block_m << "x" << tile.block_n);
       CHECK(most(build_block_mask(mask, tile.block_m, tile.block_n).kv_num_blocks) > tiling::kMaskBitSlots);
     }
-  }
+  };
+  auto past_dkdv_table = [&](const ResolvedMask& mask, int64_t heads, int64_t kv_heads) {
+    const tiling::Tile tile = tiling::bwd_dkdv_tile(heads, kv_heads, 128);
+    CHECK(most(build_block_mask(mask, tile.block_m, tile.block_n).q_num_blocks) > tiling::kBwdMaskBitSlots);
+  };
+  // Forward: one query head per kv head.
+  for (const int64_t context : {1664, 1500})
+    past_forward_table(dflash_mask(24, context, 5, {}), 4, 4, "context " + std::to_string(context));
   // dK/dV: 8 heads on 2 kv heads, the second document starting mid-block.
-  const tiling::Tile tile = tiling::bwd_dkdv_tile(8, 2, 128);
-  CHECK(most(build_block_mask(dflash_mask(96, 2048, 2, {1000, 1048}), tile.block_m, tile.block_n).q_num_blocks) >
-        tiling::kBwdMaskBitSlots);
+  past_dkdv_table(dflash_mask(96, 2048, 2, {1000, 1048}), 8, 2);
   // A generic mask past the tables (its partial tiles read from its own bit rows): the Python
   // test's tree (test_a_block_mask_matches_compiled_flex_attention: 1000 queries, 2000 keys, 8
   // heads on 2 kv heads, hd 64 and 128), the same mask as tree_mask(1000, 2000).
   const ResolvedMask tree = harness::test::tree_mask(1000, 2000);
-  for (const auto kernel : {harness::kernels::cuda::FwdKernel::wgmma_m64_n64_overlap,
-                            harness::kernels::cuda::FwdKernel::wgmma_m128_n128_pingpong}) {
-    const tiling::Tile fwd = tiling::fwd_tile(8, 2, kernel);
-    INFO("tree, forward tile " << fwd.block_m << "x" << fwd.block_n);
-    CHECK(most(build_block_mask(tree, fwd.block_m, fwd.block_n).kv_num_blocks) > tiling::kMaskBitSlots);
-  }
-  const tiling::Tile tree_dkdv = tiling::bwd_dkdv_tile(8, 2, 128);
-  CHECK(most(build_block_mask(tree, tree_dkdv.block_m, tree_dkdv.block_n).q_num_blocks) > tiling::kBwdMaskBitSlots);
+  past_forward_table(tree, 8, 2, "tree");
+  past_dkdv_table(tree, 8, 2);
 }
 
 TEST_CASE("wgmma_atomic splits kv blocks over CTAs only where few dK/dV CTAs would run", "[blockmask]") {

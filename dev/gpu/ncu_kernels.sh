@@ -34,6 +34,15 @@ case_flags() {  # the bench's case names (bench/attention_vs_flex.py CASES) -> h
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy
           --section LaunchStats --section MemoryWorkloadAnalysis
           --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio')
+profile() {  # SECONDS FILE NCU-FILTER... -- COMMAND...: the launches the filter picks, autotuner off, into FILE
+  local seconds=$1 file=$2
+  shift 2
+  local filter=()
+  while [[ $1 != -- ]]; do filter+=("$1"); shift; done
+  shift
+  HARNESS_AUTOTUNE=off timeout "$seconds" "$ncu" --clock-control none --target-processes all "${filter[@]}" \
+    "${sections[@]}" --print-units base "$@" >"$file" 2>&1
+}
 summary() {  # FILE: the figures that say where each kernel in it is limited
   grep -E '^\s+(Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|SM Busy|Warp Cycles Per Issued Instruction|Dynamic Shared Memory Per Block|Grid Size|Block Size)\b' "$1" | head -14
   grep -oE '[A-Za-z]+ is the highest-utilized pipeline \([0-9.]+%\)' "$1" | head -1
@@ -47,8 +56,7 @@ for c in ${CASES:-causal-128 dflash-512 dflash-128}; do
     if [[ $phase == fwd ]]; then kernel='regex:attention_fwd'; else kernel='regex:attention_bwd_(atomic|wgmma)_kernel'; fi
     file=$out/ncu_${c}_${phase}.txt
     # Skip the 3 warm-up launches; profile one.
-    HARNESS_AUTOTUNE=off timeout 240 "$ncu" --clock-control none --target-processes all -k "$kernel" -s 3 -c 1 \
-      "${sections[@]}" --print-units base "$bench" $flags --impl fused --reps 1 >"$file" 2>&1
+    profile 240 "$file" -k "$kernel" -s 3 -c 1 -- "$bench" $flags --impl fused --reps 1
     echo "== $c $phase (rc=$?): $(grep -m1 -oE 'attention_[a-z_]+kernel' "$file")"
     summary "$file"
   done
@@ -66,9 +74,8 @@ for pc in ${PEER_CASES:-}; do
   if [[ $peer == ours ]]; then regex=${PEER_KERNEL_REGEX:-attention_(fwd|bwd_(atomic|wgmma)_kernel)} count=${PEER_KERNELS:-2}
   else regex=${PEER_KERNEL_REGEX:-[Ff]lash} count=${PEER_KERNELS:-6}
   fi
-  HARNESS_AUTOTUNE=off timeout 300 "$ncu" --clock-control none --target-processes all -k "regex:$regex" \
-    -c "$count" "${sections[@]}" --print-units base python3 "$root/bench/attention_vs_flex.py" \
-    --worker "$job" "$jobs_dir/result.json" >"$file" 2>&1
+  profile 300 "$file" -k "regex:$regex" -c "$count" -- python3 "$root/bench/attention_vs_flex.py" \
+    --worker "$job" "$jobs_dir/result.json"
   echo "== $c $peer (rc=$?)"
   # One block per profiled kernel: its header line names it (", Context N, Stream M, Device D").
   awk -v dir="$jobs_dir" '/, Context [0-9]+, Stream [0-9]+/ {n++} n {print > (dir "/kernel" n ".txt")}' "$file"
