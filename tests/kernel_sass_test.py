@@ -10,14 +10,14 @@ type alike:
   1. ptxas reports no "Potential Performance Loss" (wgmma serialized) for any kernel, and the
      forward wgmma kernels spill nothing;
   2. in every overlapped forward (the ping-pong wgmma_m128_n128_pingpong and the one-consumer
-     wgmma_m64_n64_overlap; at least the bf16 ones of head dims 64 and 128), each turn of its loops waits for S alone
-     (`WARPGROUP.DEPBAR.LE gsb0, 0x1`), then runs every exp of the softmax (kBlockN / 2 MUFU.EX2
-     per thread), and only then waits for P V (`gsb0, 0x0`); and that there are two such loops
-     (masked and unmasked turns);
+     wgmma_m64_n64_overlap; at least the bf16 ones of head dims 64, 128 and 128 summing over 96),
+     each turn of its loops waits for S alone (`WARPGROUP.DEPBAR.LE gsb0, 0x1`), then runs every
+     exp of the softmax (kBlockN / 2 MUFU.EX2 per thread), and only then waits for P V
+     (`gsb0, 0x0`); and that there are two such loops (masked and unmasked turns);
   3. the check of 2 rejects the sequential wgmma_m128_n128 forward (it must be able to fail);
-  4. the atomic-dQ backward (at least bf16 head dims 64 and 128) spills nothing and keeps the next step's S^T in
-     flight while it finishes dK and dQ (`WARPGROUP.DEPBAR.LE gsb0, 0x1` in its loop; 5% of the
-     causal backward's time);
+  4. the atomic-dQ backward (at least those three in bf16) spills nothing and keeps the next step's
+     S^T in flight while it finishes dK and dQ (`WARPGROUP.DEPBAR.LE gsb0, 0x1` in its loop; 5% of
+     the causal backward's time);
   5. every wgmma forward issues the wgmma of one product with its descriptors in uniform registers:
      no `R2UR` between two of them (built per wgmma and moved with R2UR, they were a third of the
      dflash forward's inner loop); and the check rejects the deterministic wgmma
@@ -48,14 +48,15 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 SKIP = 77
-# The kernels' configurations, by the demangled FwdWgmmaConfig<HeadDims<D, DV, element>, kBlockN,
-# kConsumers, kStages, kMinBlocksPerSm, kOverlap>.
+# The kernels' configurations, by the demangled FwdWgmmaConfig<HeadDims<D, DV, element, sum D, sum DV>,
+# kBlockN, kConsumers, kStages, kMinBlocksPerSm, kOverlap> (the sums' columns appear defaulted or not).
 # c++filt spells the nested template with its namespace.
-DIMS = r"(?:harness::kernels::cuda::)?HeadDims<(\d+), (\d+), \(harness::kernels::cuda::ElementType\)(\d)>"
+DIMS = r"(?:harness::kernels::cuda::)?HeadDims<(\d+), (\d+), \(harness::kernels::cuda::ElementType\)(\d), (\d+), (\d+)>"
 # The overlapped forwards, with their keys per tile (kBlockN / 2 scores, so exps, per thread and turn).
 OVERLAPPED = {"ping-pong": (r"FwdWgmmaConfig<" + DIMS + r", 128, 2, \d+, 1, true>", 128),
               "m64_n64_overlap": (r"FwdWgmmaConfig<" + DIMS + r", 64, 1, \d+, \d+, true>", 64)}
-BF16_64_128 = {("64", "64", "0"), ("128", "128", "0")}  # (D, DV, element) every check must find
+# (D, DV, element, sum D, sum DV) every check must find: bf16 64 and 128, and 128 summing over 96.
+CHECKED_BF16 = {("64", "64", "0", "64", "64"), ("128", "128", "0", "128", "128"), ("128", "128", "0", "96", "96")}
 SPILL_CHECKED = ("attention_fwd_wgmma_kernel", "attention_bwd_atomic_kernel")  # kernels that must not spill
 
 
@@ -333,8 +334,8 @@ def main():
     for label, (pattern, block_n) in OVERLAPPED.items():
         overlapped = {n: ins for n, ins in fwd.items() if re.search(pattern, n)}
         found = {re.search(pattern, n).groups() for n in overlapped}
-        if not BF16_64_128 <= found:
-            failures.append(f"want the {label} forward at bf16 head dims 64 and 128 at least, found {sorted(found)}")
+        if not CHECKED_BF16 <= found:
+            failures.append(f"want the {label} forward at least at {sorted(CHECKED_BF16)}, found {sorted(found)}")
         for name, instructions in sorted(overlapped.items()):
             problems = overlap_problems(instructions, block_n)
             turns = sum(i == "WARPGROUP.DEPBAR.LE gsb0, 0x1" for i in instructions)
@@ -349,8 +350,8 @@ def main():
             failures.append(f"the overlap check accepted the sequential kernel {name}")
     atomic = {n: ins for n, ins in kernels.items() if "attention_bwd_atomic_kernel" in n}
     found = {m.groups() for m in (re.search(DIMS, n) for n in atomic) if m}
-    if not BF16_64_128 <= found:
-        failures.append(f"want the atomic-dQ backward at bf16 head dims 64 and 128 at least, found {sorted(found)}")
+    if not CHECKED_BF16 <= found:
+        failures.append(f"want the atomic-dQ backward at least at {sorted(CHECKED_BF16)}, found {sorted(found)}")
     for name, instructions in sorted(atomic.items()):
         if "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in instructions:
             failures.append(f"{name}: no wait that leaves one product in flight (S^T is no longer pipelined)")
@@ -358,15 +359,15 @@ def main():
         moved = r2ur_between_wgmma(instructions)
         if moved:
             failures.append(f"{name}: {moved} R2UR between the wgmma of one product (descriptors not in uniform registers)")
-    # The R2UR check's own check: the deterministic backward at bf16 64 and 128 moves its
+    # The R2UR check's own check: the deterministic backward at those bf16 head dims moves its
     # descriptors per wgmma (the one that splits columns, above 128, need not).
     def dims_of(name):
         m = re.search(DIMS, name)
         return m.groups() if m else None
     deterministic = {n: ins for n, ins in kernels.items()
-                     if "attention_bwd_wgmma_kernel" in n and dims_of(n) in BF16_64_128}
-    if len(deterministic) != len(BF16_64_128):
-        failures.append("the deterministic wgmma backward at bf16 head dims 64 and 128 was not found (the R2UR "
+                     if "attention_bwd_wgmma_kernel" in n and dims_of(n) in CHECKED_BF16}
+    if len(deterministic) != len(CHECKED_BF16):
+        failures.append(f"the deterministic wgmma backward at {sorted(CHECKED_BF16)} was not found (the R2UR "
                         f"self-check needs it), found {sorted(deterministic)}")
     for name, instructions in sorted(deterministic.items()):
         if not r2ur_between_wgmma(instructions):

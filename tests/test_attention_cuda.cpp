@@ -764,15 +764,16 @@ TEST_CASE("fused_cuda rejects an unknown kernel name", "[cuda][attention]") {
   CHECK(message.find("wgmma_m64_n64") != std::string::npos);
 }
 
-TEST_CASE("fused_cuda matches float64 at head dims 96, 192, 256 and 192/128, in bf16 and fp16", "[cuda][attention]") {
+TEST_CASE("fused_cuda matches float64 at head dims 96, 80, 112, 192, 256 and 192/128, in bf16 and fp16", "[cuda][attention]") {
   if (!have_gpu()) return;
-  // Every kernel that runs at each head dims (96 on the 128 kernels with 32 zero columns; 192 and
-  // 256 on the backward that splits columns; 192/128 with v's own head dim), on a dflash mask
-  // with GQA and a ragged causal one, bf16 and fp16; 64 and 128 in fp16 too (bf16: the tests above).
+  // Every kernel that runs at each head dims (96 and 80 on the 128 tiles, their sums over 96
+  // columns, 80 with 16 zero columns in them; 112 on the plain 128 instantiation; 192 and 256 on
+  // the backward that splits columns; 192/128 with v's own head dim), on a dflash mask with GQA and
+  // a ragged causal one, bf16 and fp16; 64 and 128 in fp16 too (bf16: the tests above).
   uint64_t seed = 70;
   for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
     for (const auto& [head_dim, v_head_dim] : std::vector<std::pair<int64_t, int64_t>>{
-             {96, 96}, {192, 192}, {256, 256}, {192, 128}, {64, 64}, {128, 128}}) {
+             {96, 96}, {80, 80}, {112, 112}, {192, 192}, {256, 256}, {192, 128}, {64, 64}, {128, 128}}) {
       if (dtype == at::kBFloat16 && (head_dim == 64 || head_dim == 128)) continue;
       const Dims d{head_dim, v_head_dim, dtype};
       check_against_float64(make_case("dflash, 3 anchors, documents 300/400", 1, 8, 2, head_dim, 3, 700,
@@ -930,6 +931,20 @@ TEST_CASE("every head dims pair has its kernels and the others a reason naming t
                                      (v_head_dim != head_dim ? "/" + std::to_string(v_head_dim) : "");
       for (const kc::BwdKernel kernel : bwd) CHECK(kc::describe_bwd_config(shape, kernel).find(dims_named) != std::string::npos);
     }
+    // Real head dims up to 96 run the 128 tiles with the sums over their head dims cut to 96
+    // columns (their own instantiation), 104-120 the plain 128 one; the descriptions say which.
+    for (const auto& [head_dim, sums_96] : std::vector<std::pair<int, bool>>{
+             {72, true}, {80, true}, {96, true}, {104, false}, {120, false}, {128, false}, {64, false}}) {
+      shape.head_dim = head_dim;
+      shape.v_head_dim = head_dim;
+      INFO(head_dim << " " << kc::element_type_label(dtype));
+      CHECK(kc::sums_96_columns(head_dim, head_dim) == sums_96);
+      CHECK((kc::describe_fwd_config(shape, kc::FwdKernel::wgmma_m128_n128).find("(runs hd128, sums over 96)") !=
+             std::string::npos) == sums_96);
+      CHECK((kc::describe_bwd_config(shape, kc::BwdKernel::wgmma_atomic).find("sums over 96") != std::string::npos) ==
+            sums_96);
+    }
+    CHECK_FALSE(kc::sums_96_columns(96, 128));  // v's 128 columns all summed: the plain instantiation
     for (const auto& [head_dim, v_head_dim] : std::vector<std::pair<int, int>>{
              {320, 320}, {100, 100}, {128, 64}, {64, 128}, {256, 128}, {0, 0}}) {
       shape.head_dim = head_dim;

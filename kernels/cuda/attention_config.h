@@ -197,19 +197,38 @@ constexpr const char* element_type_label(ElementType type) { return type == Elem
 //! The TMA + wgmma kernels are instantiated at head dims that are multiples of 64 and serve a real
 //! head dim by the next one up: TMA zero-fills the columns past the real ones on load (zeros add
 //! nothing to Q K^T, and give output columns nobody stores) and stores none of them. So head_dim 96
-//! runs the 128 instantiation (a third more products than it needs), 80 too, 160 the 192 one. The
-//! mma.sync kernels load rows with cp.async and take real head dims 64 and 128 only.
+//! runs the 128 tiles, 80 too, 160 the 192 ones. The mma.sync kernels load rows with cp.async and
+//! take real head dims 64 and 128 only.
 constexpr int padded_head_dim(int head_dim) { return (head_dim + 63) / 64 * 64; }
 
-//! A kernel instantiation's operands: the q·k head dim, the v head dim (both padded to 64) and the
-//! element type.
-template <int kHeadDim_, int kHeadDimV_, ElementType kElement_>
+//! Real head dims up to 96 (FlashAttention-3's 96; 72, 80, 88 too) have an instantiation of their
+//! own on the 128 tiles whose two head-dim sums, S = Q K^T and dP = dO V^T, stop after 96 columns:
+//! 6 wgmma k-steps of 16 instead of 8, the 32 zero columns never multiplied. The products whose
+//! output columns are the head dim (O = P V, dV, dK, dQ) still run 128 wide: wgmma's N of a
+//! 128-byte swizzled operand whose head dim is contiguous (V, dO, Q, K) comes in 64-column blocks.
+constexpr int kSumDim96 = 96;
+constexpr bool sums_96_columns(int head_dim, int v_head_dim) {
+  return padded_head_dim(head_dim) == 128 && head_dim <= kSumDim96 && v_head_dim <= kSumDim96;
+}
+
+//! A kernel instantiation's operands: the q·k head dim, the v head dim (both padded to 64), the
+//! element type, and the columns of the q·k and v head dims that the sums over them read (S = Q K^T
+//! over kSumDim, dP = dO V^T over kSumDimV; multiples of 16, the rest of the tile's columns zeros
+//! that TMA filled): the padded head dims but for the 96 instantiation (sums_96_columns).
+template <int kHeadDim_, int kHeadDimV_, ElementType kElement_, int kSumDim_ = kHeadDim_, int kSumDimV_ = kHeadDimV_>
 struct HeadDims {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr ElementType kElement = kElement_;
+  static constexpr int kSumDim = kSumDim_;
+  static constexpr int kSumDimV = kSumDimV_;
+  //! Whether the sums read every column of the tiles (the mma.sync kernels have no shorter sums).
+  static constexpr bool kSumsAll = kSumDim == kHeadDim && kSumDimV == kHeadDimV;
   static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 && kHeadDim <= 256 && kHeadDimV <= kHeadDim,
                 "head dims padded to 64, at most 256, v's at most q·k's (O is staged in Q's tile)");
+  static_assert(kSumDim % 16 == 0 && kSumDimV % 16 == 0 && kSumDim <= kHeadDim && kSumDimV <= kHeadDimV &&
+                    kSumDim > kHeadDim - 64 && kSumDimV > kHeadDimV - 64,
+                "sums over whole wgmma k-steps, within the last 64-column block");
 };
 
 //! The padded (q·k, v) head dims with kernels, each in both element types: FlashAttention-3's
@@ -384,6 +403,7 @@ template <class Dims, int kBlockN_, int kConsumers_, int kStages_, int kMinBlock
 struct FwdWgmmaConfig {
   static constexpr int kHeadDim = Dims::kHeadDim;    //!< q·k (Q and K tiles)
   static constexpr int kHeadDimV = Dims::kHeadDimV;  //!< v (V tiles, O)
+  static constexpr int kSumDim = Dims::kSumDim;      //!< the columns S = Q K^T sums over
   static constexpr ElementType kElement = Dims::kElement;
   //! FlashAttention-3's overlapped consumer schedule (ping-pong when there are two consumers):
   //! see fwd_mainloop.cuh.
@@ -469,6 +489,8 @@ template <class Dims, int kStages_>
 struct BwdWgmmaConfig {
   static constexpr int kHeadDim = Dims::kHeadDim;
   static constexpr int kHeadDimV = Dims::kHeadDimV;
+  static constexpr int kSumDim = Dims::kSumDim;    //!< the columns S = Q K^T sums over
+  static constexpr int kSumDimV = Dims::kSumDimV;  //!< and dP = dO V^T
   static constexpr ElementType kElement = Dims::kElement;
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = 3 * 128;
@@ -515,6 +537,7 @@ struct BwdWgmmaConfig {
 template <class Dims, int kStages_>
 struct BwdWgmmaAtomicConfig {
   static constexpr int kHeadDim = Dims::kHeadDim;
+  static constexpr int kSumDim = Dims::kSumDim;  //!< the columns S = Q K^T and dP = dO V^T sum over
   static constexpr ElementType kElement = Dims::kElement;
   //! Q / dO / row-info ring depth. Measured (H200, real dims, bwd ms) at 3 against 2: dflash 128
   //! anchors 0.349 vs 0.350, 512 anchors 1.259 vs 1.262, causal 1.79 vs 1.81-1.84: within noise,
@@ -540,7 +563,8 @@ struct BwdWgmmaAtomicConfig {
   //! (C7512). The producer's one TMA thread and one reducer thread need no more than 24.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
-  static_assert(Dims::kHeadDim == Dims::kHeadDimV && kHeadDim <= 128, "head dims up to 128, q·k and v alike");
+  static_assert(Dims::kHeadDim == Dims::kHeadDimV && kHeadDim <= 128 && Dims::kSumDim == Dims::kSumDimV,
+                "head dims up to 128, q·k and v alike");
   static_assert(kSmemBytes <= 227 * 1024, "within the 227 KB an sm_90 CTA may use");
   static_assert(128 * kProducerRegisters + 2 * 128 * kConsumerRegisters <= 65536, "register budget of the SM");
   static_assert(kKeys == Dkdv::kKeys && kRows == Dkdv::kRows && kKeys == bwd_dkdv_keys(kHeadDim),
@@ -603,7 +627,8 @@ bool with_head_dims(int head_dim, int v_head_dim, ElementType element, F&& f) {
   auto of_type = [&](auto type) {
     constexpr ElementType kElement = decltype(type)::value;
     if (qk == 64) f(HeadDims<64, 64, kElement>{});
-    if (qk == 128) f(HeadDims<128, 128, kElement>{});
+    if (qk == 128 && sums_96_columns(head_dim, v_head_dim)) f(HeadDims<128, 128, kElement, kSumDim96, kSumDim96>{});
+    if (qk == 128 && !sums_96_columns(head_dim, v_head_dim)) f(HeadDims<128, 128, kElement>{});
     if (qk == 192 && v == 192) f(HeadDims<192, 192, kElement>{});
     if (qk == 192 && v == 128) f(HeadDims<192, 128, kElement>{});
     if (qk == 256) f(HeadDims<256, 256, kElement>{});

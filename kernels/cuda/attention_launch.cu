@@ -196,14 +196,16 @@ std::string describe_wgmma_fwd() {
 }
 
 //! The head dims and element type of a shape, as the dispatch record names them ("bf16 hd128",
-//! "fp16 hd192/128"; with the instantiation where the dims are padded: "bf16 hd96 (runs hd128)").
+//! "fp16 hd192/128"; with the instantiation where the dims are padded: "bf16 hd80 (runs hd128,
+//! sums over 96)", "bf16 hd112 (runs hd128)").
 std::string dims_text(const AttentionShape& shape) {
   const int qk = shape.head_dim, v = value_head_dim_of(shape);
   std::string text = std::string(element_type_label(shape.dtype)) + " hd" + std::to_string(qk) +
                      (v != qk ? "/" + std::to_string(v) : "");
   if (padded_head_dim(qk) != qk || padded_head_dim(v) != v) {
     text += " (runs hd" + std::to_string(padded_head_dim(qk)) +
-            (padded_head_dim(v) != padded_head_dim(qk) ? "/" + std::to_string(padded_head_dim(v)) : "") + ")";
+            (padded_head_dim(v) != padded_head_dim(qk) ? "/" + std::to_string(padded_head_dim(v)) : "") +
+            (sums_96_columns(qk, v) ? ", sums over " + std::to_string(kSumDim96) : "") + ")";
   }
   return text;
 }

@@ -87,7 +87,7 @@ void fwd(const FwdParams& params, cudaStream_t stream, const LaunchOptions& laun
     if (uint64_t* bits = fwd_mask_bits(params)) launch_row_bits(params.mask, params.blocks, bits, stream);
   }
   if (params.kernel == FwdKernel::mma_m128_n64) {
-    if constexpr (mma_supports(Dims::kHeadDim, Dims::kHeadDimV)) {
+    if constexpr (Dims::kSumsAll && mma_supports(Dims::kHeadDim, Dims::kHeadDimV)) {
       using Cfg = FwdConfig<Dims>;
       return launch_kernel(device::attention_fwd_kernel<Cfg>, "attention_fwd_kernel", ctas, Cfg::kThreads, Cfg::kSmemBytes,
                            stream, params, static_cast<const WorkItem*>(schedule));
@@ -195,7 +195,7 @@ void bwd(const BwdParams& params, cudaStream_t stream, const LaunchOptions& laun
   }
 
   if (params.kernel == BwdKernel::mma) {
-    if constexpr (mma_supports(Dims::kHeadDim, Dims::kHeadDimV)) {
+    if constexpr (Dims::kSumsAll && mma_supports(Dims::kHeadDim, Dims::kHeadDimV)) {
       using DqCfg = BwdDqConfig<Dims>;
       using DkdvCfg = BwdDkdvConfig<Dims>;
       return launch_kernel(device::attention_bwd_kernel<DkdvCfg, DqCfg>, "attention_bwd_kernel", ctas, DkdvCfg::kThreads,
@@ -221,15 +221,17 @@ void bwd(const BwdParams& params, cudaStream_t stream, const LaunchOptions& laun
 
 }  // namespace harness::kernels::cuda::launch
 
-//! Instantiates the launchers of one head-dims pair in both element types (attention_launch_hd*.cu).
-#define HARNESS_ATTENTION_LAUNCHERS(HEAD_DIM, V_HEAD_DIM)                                                               \
+//! Instantiates the launchers of one head-dims pair in both element types (attention_launch_hd*.cu);
+//! the last two arguments: the columns the sums read (HeadDims::kSumDim, kSumDimV).
+#define HARNESS_ATTENTION_LAUNCHERS_SUMMING(HEAD_DIM, V_HEAD_DIM, SUM_DIM, SUM_DIM_V)                                      \
   namespace harness::kernels::cuda::launch {                                                                            \
-  template void fwd<HeadDims<HEAD_DIM, V_HEAD_DIM, ElementType::bf16>>(const FwdParams&, cudaStream_t,                   \
-                                                                       const LaunchOptions&);                             \
-  template void fwd<HeadDims<HEAD_DIM, V_HEAD_DIM, ElementType::fp16>>(const FwdParams&, cudaStream_t,                   \
-                                                                       const LaunchOptions&);                             \
-  template void bwd<HeadDims<HEAD_DIM, V_HEAD_DIM, ElementType::bf16>>(const BwdParams&, cudaStream_t,                   \
-                                                                       const LaunchOptions&);                             \
-  template void bwd<HeadDims<HEAD_DIM, V_HEAD_DIM, ElementType::fp16>>(const BwdParams&, cudaStream_t,                   \
-                                                                       const LaunchOptions&);                             \
+  template void fwd<HeadDims<HEAD_DIM, V_HEAD_DIM, ElementType::bf16, SUM_DIM, SUM_DIM_V>>(const FwdParams&, cudaStream_t, \
+                                                                                           const LaunchOptions&);         \
+  template void fwd<HeadDims<HEAD_DIM, V_HEAD_DIM, ElementType::fp16, SUM_DIM, SUM_DIM_V>>(const FwdParams&, cudaStream_t, \
+                                                                                           const LaunchOptions&);         \
+  template void bwd<HeadDims<HEAD_DIM, V_HEAD_DIM, ElementType::bf16, SUM_DIM, SUM_DIM_V>>(const BwdParams&, cudaStream_t, \
+                                                                                           const LaunchOptions&);         \
+  template void bwd<HeadDims<HEAD_DIM, V_HEAD_DIM, ElementType::fp16, SUM_DIM, SUM_DIM_V>>(const BwdParams&, cudaStream_t, \
+                                                                                           const LaunchOptions&);         \
   }
+#define HARNESS_ATTENTION_LAUNCHERS(HEAD_DIM, V_HEAD_DIM) HARNESS_ATTENTION_LAUNCHERS_SUMMING(HEAD_DIM, V_HEAD_DIM, HEAD_DIM, V_HEAD_DIM)

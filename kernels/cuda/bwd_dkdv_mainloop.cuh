@@ -64,8 +64,9 @@ struct DkdvSteps {
   __device__ __forceinline__ int head0(int step) const { return head_base + (step / num_q_blocks) * heads_packed; }
 };
 
-//! The dK/dV tile (Layout: DkdvTileLayout) at the 1024-aligned shared memory `smem`.
-template <class Layout, ElementType kElement, bool kAtomicDq>
+//! The dK/dV tile (Layout: DkdvTileLayout) at the 1024-aligned shared memory `smem`; S^T = K Q^T
+//! sums over the first kSumDim columns, dP^T = V dO^T over kSumDimV (HeadDims::kSumDim).
+template <class Layout, ElementType kElement, bool kAtomicDq, int kSumDim, int kSumDimV>
 struct BwdDkdvMainloop {
   static constexpr int kHeadDim = Layout::kHeadDim;    // q·k: K, Q, dK
   static constexpr int kHeadDimV = Layout::kHeadDimV;  // v: V, dO, dV
@@ -263,9 +264,9 @@ struct BwdDkdvMainloop {
       mbarrier_wait(bar.first(stage), parity);
       mbarrier_wait(bar.second(stage), parity);
       wgmma_fence();
-      keys_times_rows<kHeadDim, kKeys, kRows, kElement>(st, th.k_rows, q_stage);
+      keys_times_rows<kSumDim, kKeys, kRows, kElement>(st, th.k_rows, q_stage);
       wgmma_commit();
-      keys_times_rows<kHeadDimV, kKeys, kRows, kElement>(dpt, th.v_rows, do_stage);
+      keys_times_rows<kSumDimV, kKeys, kRows, kElement>(dpt, th.v_rows, do_stage);
       wgmma_commit();
       wgmma_wait<1>();  // S^T is in; dP^T runs on
       fence_registers(st);
@@ -315,7 +316,7 @@ struct BwdDkdvMainloop {
     float st[kRows / 8][4];
     auto issue_scores = [&](uint32_t q_stage) {
       wgmma_fence();
-      keys_times_rows<kHeadDim, kKeys, kRows, kElement>(st, th.k_rows, q_stage);
+      keys_times_rows<kSumDim, kKeys, kRows, kElement>(st, th.k_rows, q_stage);
       wgmma_commit();
     };
     mbarrier_wait(bar.resident(), 0);
@@ -345,7 +346,7 @@ struct BwdDkdvMainloop {
       fence_registers(acc_dv);
       wgmma_fence();
       fragments_times_rows<kHeadDimV, kRows, kElement>(acc_dv, pt, do_stage);
-      keys_times_rows<kHeadDimV, kKeys, kRows, kElement>(dpt, th.v_rows, do_stage);
+      keys_times_rows<kSumDimV, kKeys, kRows, kElement>(dpt, th.v_rows, do_stage);
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(acc_dv);

@@ -39,7 +39,7 @@ namespace harness::kernels::cuda::device {
 template <class Cfg>
 __device__ __forceinline__ void bwd_dkdv_wgmma_tile(const BwdParams& p, const BwdTensorMaps& maps, const BwdScratch& scratch,
                                                     uint32_t smem, int kv_block, int kv_head, int batch) {
-  using Mainloop = BwdDkdvMainloop<typename Cfg::Dkdv, Cfg::kElement, /*kAtomicDq=*/false>;
+  using Mainloop = BwdDkdvMainloop<typename Cfg::Dkdv, Cfg::kElement, /*kAtomicDq=*/false, Cfg::kSumDim, Cfg::kSumDimV>;
   const Mainloop mainloop(smem);
   const DkdvSteps steps = Mainloop::steps(p, kv_block, kv_head, 0, 1);
   // With split columns the consumer index decides which products a warpgroup issues: broadcast
@@ -207,10 +207,10 @@ __device__ __forceinline__ void bwd_dq_wgmma_tile(const BwdParams& p, const BwdT
       if (table) keep = keep_bits_from_table<kBlockN>(table_row[0] + step * block_m, table_row[1] + step * block_m);
       mbarrier_wait(bar.first(stage), parity);
       wgmma_fence();
-      keys_times_rows<kHeadDim, kRows, kBlockN, kElement>(s, q_rows, k_stage);
+      keys_times_rows<Cfg::kSumDim, kRows, kBlockN, kElement>(s, q_rows, k_stage);
       wgmma_commit();
       mbarrier_wait(bar.second(stage), parity);
-      keys_times_rows<kHeadDimV, kRows, kBlockN, kElement>(dp, do_rows, v_stage);
+      keys_times_rows<Cfg::kSumDimV, kRows, kBlockN, kElement>(dp, do_rows, v_stage);
       wgmma_commit();
       wgmma_wait<1>();  // S is in; dP may still run
       fence_registers(s);

@@ -241,12 +241,13 @@ struct FwdConsumerItem {
 
   // A step's two products, issued and committed; they wait for nothing (the caller waits for the
   // tiles first, so no wait loop sits between two in-flight products). S = Q K^T: 16 columns (32
-  // bytes) per k-slice within a 64-column block. O += P V: V is [kBlockN keys x Dv] with Dv
-  // contiguous, 16 keys per k-slice.
+  // bytes) per k-slice within a 64-column block, over Cfg::kSumDim columns (the zero columns past
+  // it are not multiplied). O += P V: V is [kBlockN keys x Dv] with Dv contiguous, 16 keys per
+  // k-slice.
   __device__ __forceinline__ void issue_s(STile& s, int step) const {
     const uint64_t k_desc = smem_descriptor_advance(desc_k0, ring.stage(step) * Cfg::kKBytes);
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    for (int kk = 0; kk < Cfg::kSumDim / 16; ++kk) {
       const uint32_t slice = (kk % 4) * 32;
       wgmma_ss<kBlockN, false, kElement>(s, smem_descriptor_advance(desc_q0, (kk / 4) * kBlockM * 128 + slice),
                                          smem_descriptor_advance(k_desc, (kk / 4) * kBlockN * 128 + slice), kk > 0);

@@ -35,12 +35,13 @@ struct BwdBarriers {
 
 //! acc (64 key rows x kRows) = X Y^T, issued (not committed): X = 64 resident rows (K or V) at
 //! `keys` within a tile of kKeys rows, Y = kRows staged rows (Q or dO) at `rows`; both stored as
-//! kHeadDim / 64 column blocks of 128-byte swizzled rows, the blocks kKeys (kRows) rows apart. The
-//! dQ tile uses it the other way round: X = a consumer's 64 Q (dO) rows, Y = a stage's keys (S, dP).
-template <int kHeadDim, int kKeys, int kRows, ElementType kElement>
+//! 64-column blocks of 128-byte swizzled rows, the blocks kKeys (kRows) rows apart, summed over
+//! their first kSumDim columns (HeadDims::kSumDim). The dQ tile uses it the other way round: X = a
+//! consumer's 64 Q (dO) rows, Y = a stage's keys (S, dP).
+template <int kSumDim, int kKeys, int kRows, ElementType kElement>
 __device__ __forceinline__ void keys_times_rows(float (&acc)[kRows / 8][4], uint32_t keys, uint32_t rows) {
 #pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+  for (int kk = 0; kk < kSumDim / 16; ++kk) {
     const uint32_t k_offset = (kk % 4) * 32;
     wgmma_ss<kRows, false, kElement>(acc, smem_descriptor(keys + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
                                      smem_descriptor(rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
