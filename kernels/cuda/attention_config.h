@@ -624,11 +624,12 @@ template <typename F>
 bool with_head_dims(int head_dim, int v_head_dim, ElementType element, F&& f) {
   if (!head_dims_have_kernels(head_dim, v_head_dim)) return false;
   const int qk = padded_head_dim(head_dim), v = padded_head_dim(v_head_dim);
+  const bool sums_96 = sums_96_columns(head_dim, v_head_dim);
   auto of_type = [&](auto type) {
     constexpr ElementType kElement = decltype(type)::value;
     if (qk == 64) f(HeadDims<64, 64, kElement>{});
-    if (qk == 128 && sums_96_columns(head_dim, v_head_dim)) f(HeadDims<128, 128, kElement, kSumDim96, kSumDim96>{});
-    if (qk == 128 && !sums_96_columns(head_dim, v_head_dim)) f(HeadDims<128, 128, kElement>{});
+    if (qk == 128 && sums_96) f(HeadDims<128, 128, kElement, kSumDim96, kSumDim96>{});
+    if (qk == 128 && !sums_96) f(HeadDims<128, 128, kElement>{});
     if (qk == 192 && v == 192) f(HeadDims<192, 192, kElement>{});
     if (qk == 192 && v == 128) f(HeadDims<192, 128, kElement>{});
     if (qk == 256) f(HeadDims<256, 256, kElement>{});
