@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs ON the H200 (from the repo root): Nsight Compute on our attention kernels at the benchmark's
 # cases, to say where a kernel's limit is (which pipe, which stall). For each case
-# one forward and one backward launch of the kernels the autotuner picks there (forced, autotune
-# off), profiled with the clocks left alone (--clock-control none: the GPU's own clock behaviour, as in training):
+# one forward and one backward launch of the kernels `case_flags` names (forced, autotune off; the
+# D 96 cases' are the autotuner's picks in the bench on the H100), profiled with the clocks left alone (--clock-control none: the GPU's own clock behaviour, as in training):
 #   SpeedOfLight (SM and memory throughput), ComputeWorkloadAnalysis (pipe utilization: the tensor
 #   pipe is what matters), WarpStateStats and the stall-reason metrics (why warps stall: warps
 #   stalled per issued instruction, by reason), Occupancy, LaunchStats.
@@ -28,7 +28,9 @@ case_flags() {  # the bench's case names (bench/attention_vs_flex.py CASES) -> h
     causal-128) echo "--mask causal --anchors 128 --fwd-kernel wgmma_m128_n128 --bwd-kernel wgmma_atomic" ;;
     dflash-512) echo "--mask dflash --anchors 512 --fwd-kernel wgmma_m64_n64 --bwd-kernel wgmma_atomic" ;;
     dflash-128) echo "--mask dflash --anchors 128 --fwd-kernel wgmma_m64_n64 --bwd-kernel wgmma_atomic" ;;
-    *) echo "unknown case $1" >&2; return 1 ;;
+    causal-8k-hd96) echo "--mask causal --anchors 512 --context 0 --head-dim 96 --fwd-kernel wgmma_m128_n128_pingpong_kv_major --bwd-kernel wgmma" ;;
+    dflash-512-hd96) echo "--mask dflash --anchors 512 --head-dim 96 --fwd-kernel wgmma_m128_n128_pingpong --bwd-kernel wgmma" ;;
+    *) echo "unknown case $1 (known: causal-128 dflash-512 dflash-128 causal-8k-hd96 dflash-512-hd96)" >&2; return 1 ;;
   esac
 }
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy
@@ -67,7 +69,9 @@ for pc in ${PEER_CASES:-}; do
   python3 "$root/bench/attention_vs_flex.py" --binary "$bench" --cases "$c" --peers "$peer" --reps 2 \
     --write-jobs "$jobs_dir" >/dev/null 2>"$out/ncu_${c}_${peer}.jobs.log"
   job=$jobs_dir/${c}_${peer}.json
-  [[ -f $job ]] || { echo "== $c $peer: no job written ($(tail -1 "$out/ncu_${c}_${peer}.jobs.log"))"; continue; }
+  # The bench runs ours on a named case through harness_bench_attention, with no worker job: such a
+  # case is profiled through CASES instead (case_flags).
+  [[ -f $job ]] || { echo "== $c $peer: no job written ($(tail -1 "$out/ncu_${c}_${peer}.jobs.log"); ours on a named case: put it in NCU_CASES)"; continue; }
   file=$out/ncu_${c}_${peer}.txt
   # ours (harness.attention on a generic mask): our forward and backward main kernels, the kernels
   # the heuristic picks (the autotuner off, as above, so that its trials are not what is profiled).

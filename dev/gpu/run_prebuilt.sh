@@ -128,8 +128,10 @@ PY
 fi
 if want ncu; then
   step "Nsight Compute on the kernels"
-  # PEER_CASES (e.g. "causal-128:fa4"): a peer's kernels too, with flash-attn-4 as the bench step
-  # installed it on this machine (an earlier command's bench step, sent with both wheel halves).
+  # PEER_CASES (e.g. "causal-128:fa4"): a peer's kernels too, with flash-attn-4 installed on this
+  # machine: by an earlier command's bench step, or here when this command brings the wheels'
+  # second half (.whl/fa4-part2; the first half in the tree or left in /tmp by an earlier command).
+  if [[ -d .whl/fa4-part2 ]]; then SKIP_BUILD=1 BUILD_ONLY=1 dev/gpu/gpu_check_bench.sh 2>&1 | grep -v "build done"; fi
   # shellcheck source=dev/gpu/fa4_env.sh
   source dev/gpu/fa4_env.sh && fa4_path
   BENCH=$build/bench/harness_bench_attention CASES="${NCU_CASES:-causal-128 dflash-512 dflash-128}" \
