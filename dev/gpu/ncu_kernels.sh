@@ -2,7 +2,8 @@
 # Runs ON the H200 (from the repo root): Nsight Compute on our attention kernels at the benchmark's
 # cases, to say where a kernel's limit is (which pipe, which stall). For each case
 # one forward and one backward launch of the kernels `case_flags` names (forced, autotune off; the
-# D 96 cases' are the autotuner's picks in the bench on the H100), profiled with the clocks left alone (--clock-control none: the GPU's own clock behaviour, as in training):
+# D 96 cases' are the autotuner's picks in the bench on the H100), profiled with the clocks left
+# alone (--clock-control none: the GPU's own clock behaviour, as in training):
 #   SpeedOfLight (SM and memory throughput), ComputeWorkloadAnalysis (pipe utilization: the tensor
 #   pipe is what matters), WarpStateStats and the stall-reason metrics (why warps stall: warps
 #   stalled per issued instruction, by reason), Occupancy, LaunchStats.
