@@ -27,11 +27,12 @@ ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 case_flags() {  # the bench's case names (bench/attention_vs_flex.py CASES) -> harness_bench_attention flags
   case $1 in
     causal-128) echo "--mask causal --anchors 128 --fwd-kernel wgmma_m128_n128 --bwd-kernel wgmma_atomic" ;;
+    causal-128-pingpong) echo "--mask causal --anchors 128 --fwd-kernel wgmma_m128_n128_pingpong --bwd-kernel wgmma_atomic" ;;
     dflash-512) echo "--mask dflash --anchors 512 --fwd-kernel wgmma_m64_n64 --bwd-kernel wgmma_atomic" ;;
     dflash-128) echo "--mask dflash --anchors 128 --fwd-kernel wgmma_m64_n64 --bwd-kernel wgmma_atomic" ;;
     causal-8k-hd96) echo "--mask causal --anchors 512 --context 0 --head-dim 96 --fwd-kernel wgmma_m128_n128_pingpong_kv_major --bwd-kernel wgmma" ;;
     dflash-512-hd96) echo "--mask dflash --anchors 512 --head-dim 96 --fwd-kernel wgmma_m128_n128_pingpong --bwd-kernel wgmma" ;;
-    *) echo "unknown case $1 (known: causal-128 dflash-512 dflash-128 causal-8k-hd96 dflash-512-hd96)" >&2; return 1 ;;
+    *) echo "unknown case $1 (known: causal-128 causal-128-pingpong dflash-512 dflash-128 causal-8k-hd96 dflash-512-hd96)" >&2; return 1 ;;
   esac
 }
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy
