@@ -537,7 +537,8 @@ struct BwdWgmmaConfig {
 template <class Dims, int kStages_>
 struct BwdWgmmaAtomicConfig {
   static constexpr int kHeadDim = Dims::kHeadDim;
-  static constexpr int kSumDim = Dims::kSumDim;  //!< the columns S = Q K^T and dP = dO V^T sum over
+  static constexpr int kSumDim = Dims::kSumDim;    //!< the columns S = Q K^T sums over
+  static constexpr int kSumDimV = Dims::kSumDimV;  //!< and dP = dO V^T (the same here)
   static constexpr ElementType kElement = Dims::kElement;
   //! Q / dO / row-info ring depth. Measured (H200, real dims, bwd ms) at 3 against 2: dflash 128
   //! anchors 0.349 vs 0.350, 512 anchors 1.259 vs 1.262, causal 1.79 vs 1.81-1.84: within noise,
@@ -563,7 +564,7 @@ struct BwdWgmmaAtomicConfig {
   //! (C7512). The producer's one TMA thread and one reducer thread need no more than 24.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
-  static_assert(Dims::kHeadDim == Dims::kHeadDimV && kHeadDim <= 128 && Dims::kSumDim == Dims::kSumDimV,
+  static_assert(Dims::kHeadDim == Dims::kHeadDimV && kHeadDim <= 128 && kSumDim == kSumDimV,
                 "head dims up to 128, q·k and v alike");
   static_assert(kSmemBytes <= 227 * 1024, "within the 227 KB an sm_90 CTA may use");
   static_assert(128 * kProducerRegisters + 2 * 128 * kConsumerRegisters <= 65536, "register budget of the SM");

@@ -74,7 +74,7 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     attention_bwd_atomic_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ BwdTensorMaps maps,
                                 const BwdScratch scratch) {
-  using Mainloop = BwdDkdvMainloop<typename Cfg::Dkdv, Cfg::kElement, /*kAtomicDq=*/true, Cfg::kSumDim, Cfg::kSumDim>;
+  using Mainloop = BwdDkdvMainloop<typename Cfg::Dkdv, Cfg::kElement, /*kAtomicDq=*/true, Cfg::kSumDim, Cfg::kSumDimV>;
   extern __shared__ unsigned char smem_raw[];
   const Mainloop mainloop((smem_address(smem_raw) + 1023u) & ~1023u);
   if (threadIdx.x == 0) mainloop.init_barriers();
