@@ -22,28 +22,7 @@ start=$(date +%s)
 # shellcheck source=dev/gpu/fa4_env.sh
 source "$root/dev/gpu/fa4_env.sh"
 site=$fa4_site
-# The first half may have come with an earlier command on this machine: it is kept in /tmp.
-part1=.whl/fa4-part1
-if [[ -d $part1 ]]; then rm -rf /tmp/fa4-part1 && cp -r "$part1" /tmp/fa4-part1; fi
-[[ -d $part1 ]] || part1=/tmp/fa4-part1
-if [[ -d $part1 && -d .whl/fa4-part2 && ! -f $site/.installed ]]; then
-  echo "== installing flash-attn-4 from $part1 + .whl/fa4-part2 into $site"
-  wheels=$(mktemp -d)
-  cp .whl/fa4-part2/*.whl "$wheels/"
-  for first in "$part1"/*.whl.part0; do
-    name=$(basename "${first%.part0}")
-    cat "$first" ".whl/fa4-part2/$name.part1" >"$wheels/$name"
-  done
-  (cd "$wheels" && sha256sum -c --quiet "$root/.whl/fa4-part2/SHA256SUMS")
-  rm -rf "$site" && mkdir -p "$site"
-  if python3 -m pip --version >/dev/null 2>&1; then
-    python3 -m pip install -q --no-deps --no-index --target "$site" "$wheels"/*.whl
-  else  # no pip on the image: a wheel is a zip of its site-packages files
-    for w in "$wheels"/*.whl; do python3 -m zipfile -e "$w" "$site"; done
-  fi
-  touch "$site/.installed"
-  rm -rf "$wheels"
-fi
+fa4_install "$root"
 if [[ -f $site/.installed ]]; then
   fa4_path
   python3 -c 'import flash_attn.cute, importlib.metadata as m; print("flash-attn-4", m.version("flash-attn-4"))' \

@@ -15,7 +15,7 @@
 #   host      the host side of a fused call: host µs per call and the phase time as the harness
 #             measures it against the kernels' back-to-back time (harness_bench_attention)
 #   ncu       dev/gpu/ncu_kernels.sh: Nsight Compute on the fwd/bwd kernels (NCU_CASES), and a peer's
-#             (PEER_CASES, e.g. "causal-128:fa4", once a bench step installed flash-attn-4)
+#             (PEER_CASES, e.g. "causal-128:fa4"; flash-attn-4 installed as the bench step does)
 #   bench     bench/attention_vs_flex.py (CASES, PEERS, BUDGET_S)
 #   peaks     bwd_fusion's fused peaks that the memory model's test checks (not in the default STEPS)
 #   matrix    dev/gpu/model_matrix.sh (MATRIX_STEPS, default flex: compiled-flex steps per model
@@ -64,7 +64,8 @@ export BUILD_DIR=$build OUT=$out
 [[ -f .gpu/bin/git_commit ]] && export HARNESS_BINARIES_COMMIT=$(cat .gpu/bin/git_commit)
 h=$build/harness/harness
 "$h" env --device cuda:0 >"$out/env.txt" 2>&1
-if [[ -d .whl/fa4-part1 ]]; then rm -rf /tmp/fa4-part1 && cp -r .whl/fa4-part1 /tmp/fa4-part1 && echo "fa4-part1 kept in /tmp"; fi
+# shellcheck source=dev/gpu/fa4_env.sh
+source dev/gpu/fa4_env.sh && fa4_keep_part1 "$root"
 
 if want selftest; then
   step "kernel self-test"
@@ -131,9 +132,7 @@ if want ncu; then
   # PEER_CASES (e.g. "causal-128:fa4"): a peer's kernels too, with flash-attn-4 installed on this
   # machine: by an earlier command's bench step, or here when this command brings the wheels'
   # second half (.whl/fa4-part2; the first half in the tree or left in /tmp by an earlier command).
-  if [[ -d .whl/fa4-part2 ]]; then SKIP_BUILD=1 BUILD_ONLY=1 dev/gpu/gpu_check_bench.sh 2>&1 | grep -v "build done"; fi
-  # shellcheck source=dev/gpu/fa4_env.sh
-  source dev/gpu/fa4_env.sh && fa4_path
+  fa4_install "$root" && fa4_path
   BENCH=$build/bench/harness_bench_attention CASES="${NCU_CASES:-causal-128 dflash-512 dflash-128}" \
     timeout "${NCU_TIMEOUT:-240}" dev/gpu/ncu_kernels.sh 2>&1 | tail -"${NCU_TAIL:-80}"
 fi
