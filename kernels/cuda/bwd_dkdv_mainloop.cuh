@@ -312,11 +312,15 @@ struct BwdDkdvMainloop {
   __device__ __forceinline__ void run_atomic(const Thread& th, const DkdvSteps& t, float (&acc_dk)[kHeadDim / 8][4],
                                              float (&acc_dv)[kHeadDimV / 8][4]) const {
     static_assert(kAtomicDq, "the atomic step loop hands dQ to a reducer");
+    // Each product builds its operands' descriptors per k-slice here (kAdvance false): advancing
+    // them, as the deterministic loop does, issues fewer instructions but ran this loop 1.04x slower
+    // on causal at D 128 and 96 (H100, bench/selftest_ab.py; docs/BENCHMARKS.md).
+    constexpr bool kAdvance = false;
     const int consumer = th.consumer, lane = th.lane;
     float st[kRows / 8][4];
     auto issue_scores = [&](uint32_t q_stage) {
       wgmma_fence();
-      keys_times_rows<kSumDim, kKeys, kRows, kElement>(st, th.k_rows, q_stage);
+      keys_times_rows<kSumDim, kKeys, kRows, kElement, kAdvance>(st, th.k_rows, q_stage);
       wgmma_commit();
     };
     mbarrier_wait(bar.resident(), 0);
@@ -345,8 +349,8 @@ struct BwdDkdvMainloop {
       mbarrier_wait(bar.second(stage), parity);
       fence_registers(acc_dv);
       wgmma_fence();
-      fragments_times_rows<kHeadDimV, kRows, kElement>(acc_dv, pt, do_stage);
-      keys_times_rows<kSumDimV, kKeys, kRows, kElement>(dpt, th.v_rows, do_stage);
+      fragments_times_rows<kHeadDimV, kRows, kElement, kAdvance>(acc_dv, pt, do_stage);
+      keys_times_rows<kSumDimV, kKeys, kRows, kElement, kAdvance>(dpt, th.v_rows, do_stage);
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(acc_dv);
@@ -384,7 +388,7 @@ struct BwdDkdvMainloop {
       // dK += dS^T Q, issued now; it runs while the consumers meet below.
       fence_registers(acc_dk);
       wgmma_fence();
-      fragments_times_rows<kHeadDim, kRows, kElement>(acc_dk, dst, q_stage);
+      fragments_times_rows<kHeadDim, kRows, kElement, kAdvance>(acc_dk, dst, q_stage);
       wgmma_commit();
       named_barrier_sync(kConsumersBarrier, 256);  // dS^T of all 128 keys is in s_ds
 

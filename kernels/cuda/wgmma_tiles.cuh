@@ -38,25 +38,41 @@ struct BwdBarriers {
 //! 64-column blocks of 128-byte swizzled rows, the blocks kKeys (kRows) rows apart, summed over
 //! their first kSumDim columns (HeadDims::kSumDim). The dQ tile uses it the other way round: X = a
 //! consumer's 64 Q (dO) rows, Y = a stage's keys (S, dP).
-template <int kSumDim, int kKeys, int kRows, ElementType kElement>
+//! kAdvance: build each operand's descriptor once and advance it per k-slice (4 uniform
+//! instructions a wgmma instead of 10), else build each slice's from its address. The two give the
+//! same products; which schedules better is measured per kernel (the atomic step loop builds).
+template <int kSumDim, int kKeys, int kRows, ElementType kElement, bool kAdvance = true>
 __device__ __forceinline__ void keys_times_rows(float (&acc)[kRows / 8][4], uint32_t keys, uint32_t rows) {
+  const uint64_t keys_desc = smem_descriptor(keys, 16, 1024);
+  const uint64_t rows_desc = smem_descriptor(rows, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < kSumDim / 16; ++kk) {
-    const uint32_t k_offset = (kk % 4) * 32;
-    wgmma_ss<kRows, false, kElement>(acc, smem_descriptor(keys + (kk / 4) * kKeys * 128 + k_offset, 16, 1024),
-                                     smem_descriptor(rows + (kk / 4) * kRows * 128 + k_offset, 16, 1024), kk > 0);
+    const uint32_t keys_offset = (kk / 4) * kKeys * 128 + (kk % 4) * 32;
+    const uint32_t rows_offset = (kk / 4) * kRows * 128 + (kk % 4) * 32;
+    if constexpr (kAdvance) {
+      wgmma_ss<kRows, false, kElement>(acc, smem_descriptor_advance(keys_desc, keys_offset),
+                                       smem_descriptor_advance(rows_desc, rows_offset), kk > 0);
+    } else {
+      wgmma_ss<kRows, false, kElement>(acc, smem_descriptor(keys + keys_offset, 16, 1024),
+                                       smem_descriptor(rows + rows_offset, 16, 1024), kk > 0);
+    }
   }
 }
 
 //! acc (64 rows x kColumns) += A B, issued (not committed): A = the kRows columns of register
 //! fragments `a` (P^T, dS^T or dS), B = kRows staged rows at `rows` (dO, Q or K: kColumns wide from
-//! `rows`, N-major, the 64-column blocks kRows rows apart).
-template <int kColumns, int kRows, ElementType kElement>
+//! `rows`, N-major, the 64-column blocks kRows rows apart). kAdvance as keys_times_rows'.
+template <int kColumns, int kRows, ElementType kElement, bool kAdvance = true>
 __device__ __forceinline__ void fragments_times_rows(float (&acc)[kColumns / 8][4], const uint32_t (&a)[kRows / 16][4],
                                                      uint32_t rows) {
+  const uint64_t rows_desc = smem_descriptor(rows, kRows * 128, 1024);
 #pragma unroll
   for (int kk = 0; kk < kRows / 16; ++kk) {
-    wgmma_rs<kColumns, true, kElement>(acc, a[kk], smem_descriptor(rows + kk * 16 * 128, kRows * 128, 1024), true);
+    if constexpr (kAdvance) {
+      wgmma_rs<kColumns, true, kElement>(acc, a[kk], smem_descriptor_advance(rows_desc, kk * 16 * 128), true);
+    } else {
+      wgmma_rs<kColumns, true, kElement>(acc, a[kk], smem_descriptor(rows + kk * 16 * 128, kRows * 128, 1024), true);
+    }
   }
 }
 
