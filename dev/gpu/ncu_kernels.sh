@@ -32,7 +32,9 @@ case_flags() {  # the bench's case names (bench/attention_vs_flex.py CASES) -> h
     dflash-128) echo "--mask dflash --anchors 128 --fwd-kernel wgmma_m64_n64 --bwd-kernel wgmma_atomic" ;;
     causal-8k-hd96) echo "--mask causal --anchors 512 --context 0 --head-dim 96 --fwd-kernel wgmma_m128_n128_pingpong_kv_major --bwd-kernel wgmma" ;;
     dflash-512-hd96) echo "--mask dflash --anchors 512 --head-dim 96 --fwd-kernel wgmma_m128_n128_pingpong --bwd-kernel wgmma" ;;
-    *) echo "unknown case $1 (known: causal-128 causal-128-pingpong dflash-512 dflash-128 causal-8k-hd96 dflash-512-hd96)" >&2; return 1 ;;
+    # 192/128: the heuristic's kernels (the profile's first lines name them).
+    causal-8k-hd192v128) echo "--mask causal --anchors 512 --context 0 --head-dim 192 --v-head-dim 128" ;;
+    *) echo "unknown case $1 (known: causal-128 causal-128-pingpong dflash-512 dflash-128 causal-8k-hd96 dflash-512-hd96 causal-8k-hd192v128)" >&2; return 1 ;;
   esac
 }
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy

@@ -17,6 +17,8 @@
 #   ncu       dev/gpu/ncu_kernels.sh: Nsight Compute on the fwd/bwd kernels (NCU_CASES), and a peer's
 #             (PEER_CASES, e.g. "causal-128:fa4"; flash-attn-4 installed as the bench step does)
 #   bench     bench/attention_vs_flex.py (CASES, PEERS, BUDGET_S)
+#   sweep     dev/gpu/kernel_sweep.sh: every kernel forced on SWEEP_CASES, beside the heuristic's and
+#             the autotuner's pick (not in the default STEPS)
 #   peaks     bwd_fusion's fused peaks that the memory model's test checks (not in the default STEPS)
 #   matrix    dev/gpu/model_matrix.sh (MATRIX_STEPS, default flex: compiled-flex steps per model
 #             replayed with --import)
@@ -135,6 +137,10 @@ if want ncu; then
   fa4_install "$root" && fa4_path
   BENCH=$build/bench/harness_bench_attention CASES="${NCU_CASES:-causal-128 dflash-512 dflash-128}" \
     timeout "${NCU_TIMEOUT:-240}" dev/gpu/ncu_kernels.sh 2>&1 | tail -"${NCU_TAIL:-80}"
+fi
+if want sweep; then
+  step "every kernel forced (dev/gpu/kernel_sweep.sh)"
+  BENCH=$build/bench/harness_bench_attention timeout "${SWEEP_TIMEOUT:-540}" dev/gpu/kernel_sweep.sh
 fi
 if want ab; then
   step "kernel A/B: $(cat "${AB_DIR:-.gpu-ab}/old_commit" 2>/dev/null || echo old) against this tree's kernels"
