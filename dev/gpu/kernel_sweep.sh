@@ -37,9 +37,9 @@ except ValueError:
     print(f"| {label} | no output | |"); sys.exit()
 why = r.get("unsupported") or r.get("error")
 if why or not r.get("results"):
-    print(f"| {label} | {(why or \"no result\").splitlines()[0][:100]} | |"); sys.exit()
+    print("| %s | %s | |" % (label, (why or "no result").splitlines()[0][:100])); sys.exit()
 x = r["results"][0]
-print(f"| {label} | {x[\"fwd_ms\"]:.3f} ({x[\"fwd_tflops\"]:.0f}) | {x[\"bwd_ms\"]:.3f} ({x[\"bwd_tflops\"]:.0f}) |")
+print("| %s | %.3f (%.0f) | %.3f (%.0f) |" % (label, x["fwd_ms"], x["fwd_tflops"], x["bwd_ms"], x["bwd_tflops"]))
 ' "$label" "$json"
 }
 for c in ${SWEEP_CASES:-causal-8k-hd96 dflash-512-hd96 causal-8k-hd192v128 causal-8k-hd256}; do
