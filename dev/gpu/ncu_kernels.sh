@@ -2,8 +2,8 @@
 # Runs ON the H200 (from the repo root): Nsight Compute on our attention kernels at the benchmark's
 # cases, to say where a kernel's limit is (which pipe, which stall). For each case
 # one forward and one backward launch of the kernels `case_flags` names (forced, autotune off; the
-# D 96 cases' are the autotuner's picks in the bench on the H100), profiled with the clocks left
-# alone (--clock-control none: the GPU's own clock behaviour, as in training):
+# D 96 and 192/128 cases' are the autotuner's picks in the bench on the H100), profiled with the
+# clocks left alone (--clock-control none: the GPU's own clock behaviour, as in training):
 #   SpeedOfLight (SM and memory throughput), ComputeWorkloadAnalysis (pipe utilization: the tensor
 #   pipe is what matters), WarpStateStats and the stall-reason metrics (why warps stall: warps
 #   stalled per issued instruction, by reason), Occupancy, LaunchStats.
@@ -32,8 +32,7 @@ case_flags() {  # the bench's case names (bench/attention_vs_flex.py CASES) -> h
     dflash-128) echo "--mask dflash --anchors 128 --fwd-kernel wgmma_m64_n64 --bwd-kernel wgmma_atomic" ;;
     causal-8k-hd96) echo "--mask causal --anchors 512 --context 0 --head-dim 96 --fwd-kernel wgmma_m128_n128_pingpong_kv_major --bwd-kernel wgmma" ;;
     dflash-512-hd96) echo "--mask dflash --anchors 512 --head-dim 96 --fwd-kernel wgmma_m128_n128_pingpong --bwd-kernel wgmma" ;;
-    # 192/128: the heuristic's kernels (the profile's first lines name them).
-    causal-8k-hd192v128) echo "--mask causal --anchors 512 --context 0 --head-dim 192 --v-head-dim 128" ;;
+    causal-8k-hd192v128) echo "--mask causal --anchors 512 --context 0 --head-dim 192 --v-head-dim 128 --fwd-kernel wgmma_m128_n128_pingpong_kv_major --bwd-kernel wgmma" ;;
     *) echo "unknown case $1 (known: causal-128 causal-128-pingpong dflash-512 dflash-128 causal-8k-hd96 dflash-512-hd96 causal-8k-hd192v128)" >&2; return 1 ;;
   esac
 }
