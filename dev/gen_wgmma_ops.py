@@ -17,6 +17,8 @@ and for N = 64
 acc is float[N / 8][4] in the m64nNk16 f32 accumulator layout (per warp: 16 rows; n8 chunk j in
 acc[j], elements (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) for lane = 4g + t). The products with
 N = 192 and 256 are the P V and dK, dV, dQ products at those head dims; S and S^T use N = 64, 128.
+Also wgmma_rs<96, true, kElement>: the forward's O += P V at v head dim 96, whose N is the 96 real
+columns of a V tile stored as 64-column blocks (FwdWgmmaConfig::kOutDimV).
 """
 import pathlib
 
@@ -93,6 +95,7 @@ def main():
                 text += ss(n, trans_b, ptx_type, element)
                 text += rs(n, trans_b, ptx_type, element)
         text += ss(64, True, ptx_type, element, trans_a=True)
+        text += rs(96, True, ptx_type, element)
     text += "}  // namespace harness::kernels::cuda::device\n"
     path = pathlib.Path(__file__).resolve().parent.parent / "kernels" / "cuda" / "wgmma_ops.cuh"
     path.write_text(text)

@@ -404,6 +404,10 @@ struct FwdWgmmaConfig {
   static constexpr int kHeadDim = Dims::kHeadDim;    //!< q·k (Q and K tiles)
   static constexpr int kHeadDimV = Dims::kHeadDimV;  //!< v (V tiles, O)
   static constexpr int kSumDim = Dims::kSumDim;      //!< the columns S = Q K^T sums over
+  //! O's columns that O += P V computes (its N): the v head dim, or at D 96 (kSumDimV 96) the 96
+  //! real ones; the O tile's columns past them are left unwritten, and its store's box, 64 columns
+  //! a block, stops at the tensor's last column.
+  static constexpr int kOutDimV = Dims::kSumDimV;
   static constexpr ElementType kElement = Dims::kElement;
   //! FlashAttention-3's overlapped consumer schedule (ping-pong when there are two consumers):
   //! see fwd_mainloop.cuh.

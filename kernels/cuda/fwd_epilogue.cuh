@@ -17,6 +17,7 @@ namespace harness::kernels::cuda::device {
 template <class Cfg>
 struct FwdEpilogue {
   static constexpr int kHeadDimV = Cfg::kHeadDimV;
+  static constexpr int kOutDimV = Cfg::kOutDimV;  //!< the columns acc_o holds
   static constexpr int kBlockM = Cfg::kBlockM;
 
   //! The item of `tile` (its packed rows and batch) out: LSE and O. With an O tile of its own the
@@ -24,7 +25,7 @@ struct FwdEpilogue {
   //! store releases it once read.
   static __device__ __forceinline__ void store(const FwdParams& p, const FwdTensorMaps& maps, const FwdSharedStorage<Cfg>& smem,
                                                const FwdConsumerThread& thread, int tile, const PackedRows& rows, int batch,
-                                               const float (&acc_o)[kHeadDimV / 8][4], const float (&row_max)[2],
+                                               const float (&acc_o)[kOutDimV / 8][4], const float (&row_max)[2],
                                                const float (&row_sum)[2], float scale_log2) {
     const int consumer = thread.consumer, lane = thread.lane;
     const uint32_t s_o = smem.s_o(tile);
@@ -36,7 +37,7 @@ struct FwdEpilogue {
     if (smem.own_o && thread.storer) tma_store_wait_read();
     named_barrier_sync(1 + consumer, 128);
 #pragma unroll
-    for (int j = 0; j < kHeadDimV / 8; ++j) {
+    for (int j = 0; j < kOutDimV / 8; ++j) {
       const int col = j * 8 + (lane & 3) * 2;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {

@@ -180,7 +180,7 @@ __device__ __forceinline__ void fwd_load_item(const FwdTensorMaps& maps, const F
 template <class Cfg>
 struct FwdConsumerItem {
   static constexpr int kHeadDim = Cfg::kHeadDim;
-  static constexpr int kHeadDimV = Cfg::kHeadDimV;
+  static constexpr int kOutDimV = Cfg::kOutDimV;  //!< O's columns computed (acc_o)
   static constexpr ElementType kElement = Cfg::kElement;
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
@@ -204,7 +204,7 @@ struct FwdConsumerItem {
   const int num_partial, num_blocks;
   const float scale_log2;
   const int kv_len;
-  float (&acc_o)[kHeadDimV / 8][4];
+  float (&acc_o)[kOutDimV / 8][4];
   float (&row_max)[2];
   float (&row_sum)[2];
   QueryMask item_mask[2];  //!< (not computed where kLazyRowMask)
@@ -213,7 +213,7 @@ struct FwdConsumerItem {
   __device__ __forceinline__ FwdConsumerItem(const FwdParams& p_, const FwdSharedStorage<Cfg>& smem_,
                                              const KvRing<kStages>& ring_, const FwdConsumerThread& thread_,
                                              const uint64_t* mask_bits_, const FwdWork& work_, int num_partial_,
-                                             int num_blocks_, float (&acc_o_)[kHeadDimV / 8][4], float (&row_max_)[2],
+                                             int num_blocks_, float (&acc_o_)[kOutDimV / 8][4], float (&row_max_)[2],
                                              float (&row_sum_)[2])
       : p(p_), smem(smem_), ring(ring_), thread(thread_), mask_bits(mask_bits_), work(work_),
         kv_list(kv_blocks_of(p_.blocks, work_.q_block, num_partial_, num_blocks_)),  // counts from the producer
@@ -258,7 +258,7 @@ struct FwdConsumerItem {
     const uint64_t v_desc = smem_descriptor_advance(desc_v0, ring.stage(step) * Cfg::kVBytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      wgmma_rs<kHeadDimV, true, kElement>(acc_o, p_frag[kk], smem_descriptor_advance(v_desc, kk * 16 * 128), true);
+      wgmma_rs<kOutDimV, true, kElement>(acc_o, p_frag[kk], smem_descriptor_advance(v_desc, kk * 16 * 128), true);
     }
     wgmma_commit();
   }
@@ -283,7 +283,7 @@ struct FwdConsumerItem {
 
       const int kv0 = kv_block * kBlockN;
       if (step < num_partial || kv0 + kBlockN > kv_len) mask_scores<kBlockN>(s, row_mask, p.mask, kv0);
-      online_softmax_lazy<kBlockN, kHeadDimV>(s, acc_o, row_max, row_sum, scale_log2);
+      online_softmax_lazy<kBlockN, kOutDimV>(s, acc_o, row_max, row_sum, scale_log2);
       PFragments p_frag;
       to_a_fragments<kBlockN / 16, kElement>(p_frag, s);
 
@@ -371,7 +371,7 @@ struct FwdConsumerItem {
     // Turn `step` (1 <= step < n): S_step and P V of step - 1, in FlashAttention-3's order. The
     // softmax's rescale of O is lazy (online_softmax_scores_lazy): O takes the factor once P V is
     // in, at the end of the turn, and only when a row's max moved, in a warp-uniform branch while
-    // nothing is in flight (an unconditional rescale between the two issues cost kHeadDimV / 2 FMUL
+    // nothing is in flight (an unconditional rescale between the two issues cost kOutDimV / 2 FMUL
     // per thread and turn, and right after the wait for P V ptxas scheduled that wait into the
     // middle of the softmax, so it comes after P's packing). kMasked: the step may need its mask
     // (a partial block, or the ragged last one); the unmasked turns skip even the selects.
@@ -415,7 +415,7 @@ struct FwdConsumerItem {
       // P is packed only now: p_frag is P V's operand until the wait, and ptxas serializes every
       // wgmma if a wgmma's input register is written while a product is in flight (C7513).
       to_a_fragments<kBlockN / 16, kElement>(p_frag, s);
-      if (rescale) scale_rows<kHeadDimV>(acc_o, corr);  // before P_step V_step, next turn
+      if (rescale) scale_rows<kOutDimV>(acc_o, corr);  // before P_step V_step, next turn
     };
     if (num_blocks > 0) {
       if (consumer == 1) grant_turn();

@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     int num_partial, num_blocks;
     if (!handoff.receive(tile, thread.lane, scheduled, num_partial, num_blocks)) break;
     const FwdWork work = fwd_work(p, scheduled, Cfg::kBlockM);
-    float acc_o[Cfg::kHeadDimV / 8][4] = {};
+    float acc_o[Cfg::kOutDimV / 8][4] = {};
     float row_max[2] = {-INFINITY, -INFINITY};  // raw scores (unscaled)
     float row_sum[2] = {0.f, 0.f};              // this thread's columns only; quad-reduced at the end
     FwdConsumerItem<Cfg> item(p, smem, ring, thread, mask_bits, work, num_partial, num_blocks, acc_o, row_max, row_sum);
