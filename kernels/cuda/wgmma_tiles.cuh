@@ -33,6 +33,18 @@ struct BwdBarriers {
   __device__ __forceinline__ uint32_t empty(int stage) const { return base + 8u * (1 + 2 * kStages + stage); }
 };
 
+//! The descriptor of an operand's slice `offset` bytes past `base` (1024-byte swizzle stride,
+//! `leading` bytes between its 64-column blocks): advanced from `base_desc`, the descriptor of
+//! `base`, with kAdvance, else built from the slice's address.
+template <bool kAdvance>
+__device__ __forceinline__ uint64_t slice_descriptor(uint64_t base_desc, uint32_t base, uint32_t offset, uint32_t leading) {
+  if constexpr (kAdvance) {
+    return smem_descriptor_advance(base_desc, offset);
+  } else {
+    return smem_descriptor(base + offset, leading, 1024);
+  }
+}
+
 //! acc (64 key rows x kRows) = X Y^T, issued (not committed): X = 64 resident rows (K or V) at
 //! `keys` within a tile of kKeys rows, Y = kRows staged rows (Q or dO) at `rows`; both stored as
 //! 64-column blocks of 128-byte swizzled rows, the blocks kKeys (kRows) rows apart, summed over
@@ -49,13 +61,8 @@ __device__ __forceinline__ void keys_times_rows(float (&acc)[kRows / 8][4], uint
   for (int kk = 0; kk < kSumDim / 16; ++kk) {
     const uint32_t keys_offset = (kk / 4) * kKeys * 128 + (kk % 4) * 32;
     const uint32_t rows_offset = (kk / 4) * kRows * 128 + (kk % 4) * 32;
-    if constexpr (kAdvance) {
-      wgmma_ss<kRows, false, kElement>(acc, smem_descriptor_advance(keys_desc, keys_offset),
-                                       smem_descriptor_advance(rows_desc, rows_offset), kk > 0);
-    } else {
-      wgmma_ss<kRows, false, kElement>(acc, smem_descriptor(keys + keys_offset, 16, 1024),
-                                       smem_descriptor(rows + rows_offset, 16, 1024), kk > 0);
-    }
+    wgmma_ss<kRows, false, kElement>(acc, slice_descriptor<kAdvance>(keys_desc, keys, keys_offset, 16),
+                                     slice_descriptor<kAdvance>(rows_desc, rows, rows_offset, 16), kk > 0);
   }
 }
 
@@ -68,11 +75,8 @@ __device__ __forceinline__ void fragments_times_rows(float (&acc)[kColumns / 8][
   const uint64_t rows_desc = smem_descriptor(rows, kRows * 128, 1024);
 #pragma unroll
   for (int kk = 0; kk < kRows / 16; ++kk) {
-    if constexpr (kAdvance) {
-      wgmma_rs<kColumns, true, kElement>(acc, a[kk], smem_descriptor_advance(rows_desc, kk * 16 * 128), true);
-    } else {
-      wgmma_rs<kColumns, true, kElement>(acc, a[kk], smem_descriptor(rows + kk * 16 * 128, kRows * 128, 1024), true);
-    }
+    wgmma_rs<kColumns, true, kElement>(acc, a[kk], slice_descriptor<kAdvance>(rows_desc, rows, kk * 16 * 128, kRows * 128),
+                                       true);
   }
 }
 
