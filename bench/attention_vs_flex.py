@@ -1022,7 +1022,16 @@ def main():
     parser.add_argument("--write-jobs", metavar="DIR", help="write each Python peer's worker job to DIR/CASE_PEER.json "
                         "instead of running it (to run one under a profiler: --worker DIR/CASE_PEER.json RESULT)")
     parser.add_argument("--worker", nargs=2, metavar=("JOB", "RESULT"), help=argparse.SUPPRESS)
+    parser.add_argument("--binary-flags", metavar="CASE", help="print harness_bench_attention's flags for a named-mask "
+                        "case and exit (dev/gpu/kernel_sweep.sh and ncu_kernels.sh run the binary so)")
     args = parser.parse_args()
+    if args.binary_flags:
+        c = CASES.get(args.binary_flags)
+        if c is None or python_ours(c):
+            usage_error(f"--binary-flags: {args.binary_flags} is no named-mask case; known: "
+                        + ", ".join(name for name, x in CASES.items() if not python_ours(x)))
+        print(" ".join(binary_flags(c)))
+        return 0
     if args.worker:
         with open(args.worker[0]) as f:
             job = json.load(f)

@@ -5,22 +5,11 @@
 # REPS launches, cold L2, as the bench times them). A kernel without an instantiation for the case's
 # head dims says so. What it answers: whether the kernel the heuristic or the autotuner runs at a
 # shape is the fastest there, and by how much the others miss.
-# Env: BENCH (harness_bench_attention), SWEEP_CASES (names below, default the head-dim cases),
-# REPS (default 20).
+# Env: BENCH (harness_bench_attention), SWEEP_CASES (named-mask cases of bench/attention_vs_flex.py,
+# default the head-dim ones), REPS (default 20).
 set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 bench=${BENCH:?set BENCH to harness_bench_attention}
-flags_of() {  # a case of bench/attention_vs_flex.py -> harness_bench_attention flags
-  case $1 in
-    causal-8k-hd96) echo "--mask causal --anchors 512 --context 0 --head-dim 96" ;;
-    dflash-512-hd96) echo "--mask dflash --anchors 512 --head-dim 96" ;;
-    causal-8k-hd192v128) echo "--mask causal --anchors 512 --context 0 --head-dim 192 --v-head-dim 128" ;;
-    dflash-512-hd192v128) echo "--mask dflash --anchors 512 --head-dim 192 --v-head-dim 128" ;;
-    causal-8k-hd256) echo "--mask causal --anchors 512 --context 0 --head-dim 256" ;;
-    causal-128) echo "--mask causal --anchors 128" ;;
-    dflash-512) echo "--mask dflash --anchors 512" ;;
-    *) echo "unknown case $1" >&2; return 1 ;;
-  esac
-}
 fwd_kernels="mma_m128_n64 wgmma_m128_n128 wgmma_m128_n64 wgmma_m64_n64 wgmma_m128_n128_pingpong wgmma_m64_n64_overlap
   wgmma_m64_n128_overlap wgmma_m64_n64_overlap_kv_major wgmma_m128_n128_pingpong_kv_major wgmma_m64_n128_overlap_kv_major"
 bwd_kernels="wgmma_atomic wgmma mma"
@@ -43,7 +32,7 @@ print("| %s | %.3f (%.0f) | %.3f (%.0f) |" % (label, x["fwd_ms"], x["fwd_tflops"
 ' "$label" "$json"
 }
 for c in ${SWEEP_CASES:-causal-8k-hd96 dflash-512-hd96 causal-8k-hd192v128 causal-8k-hd256}; do
-  flags=$(flags_of "$c") || continue
+  flags=$(python3 "$root/bench/attention_vs_flex.py" --binary-flags "$c") || continue
   printf '\n%s (%s)\n\n| kernel forced | fwd ms (TFLOP/s) | bwd ms (TFLOP/s) |\n|---|---|---|\n' "$c" "$flags"
   # shellcheck disable=SC2086
   for k in $fwd_kernels; do HARNESS_AUTOTUNE=off row "fwd $k" $flags --fwd-kernel "$k"; done

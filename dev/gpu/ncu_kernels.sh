@@ -24,17 +24,18 @@ mkdir -p "$out"
 bench=${BENCH:?set BENCH to harness_bench_attention}
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [[ -x $ncu ]] || { echo "ncu: not found"; exit 2; }
-case_flags() {  # the bench's case names (bench/attention_vs_flex.py CASES) -> harness_bench_attention flags
+case_flags() {  # a case -> harness_bench_attention flags: the bench's case (bench/attention_vs_flex.py
+  # --binary-flags) and the kernels profiled there
+  local kernels
   case $1 in
-    causal-128) echo "--mask causal --anchors 128 --fwd-kernel wgmma_m128_n128 --bwd-kernel wgmma_atomic" ;;
-    causal-128-pingpong) echo "--mask causal --anchors 128 --fwd-kernel wgmma_m128_n128_pingpong --bwd-kernel wgmma_atomic" ;;
-    dflash-512) echo "--mask dflash --anchors 512 --fwd-kernel wgmma_m64_n64 --bwd-kernel wgmma_atomic" ;;
-    dflash-128) echo "--mask dflash --anchors 128 --fwd-kernel wgmma_m64_n64 --bwd-kernel wgmma_atomic" ;;
-    causal-8k-hd96) echo "--mask causal --anchors 512 --context 0 --head-dim 96 --fwd-kernel wgmma_m128_n128_pingpong_kv_major --bwd-kernel wgmma" ;;
-    dflash-512-hd96) echo "--mask dflash --anchors 512 --head-dim 96 --fwd-kernel wgmma_m128_n128_pingpong --bwd-kernel wgmma" ;;
-    causal-8k-hd192v128) echo "--mask causal --anchors 512 --context 0 --head-dim 192 --v-head-dim 128 --fwd-kernel wgmma_m128_n128_pingpong_kv_major --bwd-kernel wgmma" ;;
+    causal-128) kernels="--fwd-kernel wgmma_m128_n128 --bwd-kernel wgmma_atomic" ;;
+    causal-128-pingpong) kernels="--fwd-kernel wgmma_m128_n128_pingpong --bwd-kernel wgmma_atomic" ;;
+    dflash-512 | dflash-128) kernels="--fwd-kernel wgmma_m64_n64 --bwd-kernel wgmma_atomic" ;;
+    causal-8k-hd96 | causal-8k-hd192v128) kernels="--fwd-kernel wgmma_m128_n128_pingpong_kv_major --bwd-kernel wgmma" ;;
+    dflash-512-hd96) kernels="--fwd-kernel wgmma_m128_n128_pingpong --bwd-kernel wgmma" ;;
     *) echo "unknown case $1 (known: causal-128 causal-128-pingpong dflash-512 dflash-128 causal-8k-hd96 dflash-512-hd96 causal-8k-hd192v128)" >&2; return 1 ;;
   esac
+  echo "$(python3 "$root/bench/attention_vs_flex.py" --binary-flags "${1%-pingpong}") $kernels"
 }
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy
           --section LaunchStats --section MemoryWorkloadAnalysis

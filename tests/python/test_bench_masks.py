@@ -147,6 +147,22 @@ def test_unknown_case_is_a_usage_error():
     assert proc.returncode == 2 and "unknown case nope" in proc.stderr
 
 
+def test_binary_flags_are_the_flags_the_bench_runs_ours_with():
+    # dev/gpu/kernel_sweep.sh and ncu_kernels.sh run harness_bench_attention with these.
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--binary-flags", "causal-8k-hd192v128"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    flags = proc.stdout.split()
+    assert flags == bench.binary_flags(bench.CASES["causal-8k-hd192v128"])
+    pairs = dict(zip(flags[::2], flags[1::2]))
+    assert pairs["--mask"] == "causal" and pairs["--context"] == "0"
+    assert pairs["--head-dim"] == "192" and pairs["--v-head-dim"] == "128"
+    # A generic mask has no flags: ours runs it through harness.attention.
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--binary-flags", "tree-4x512"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "tree-4x512 is no named-mask case" in proc.stderr
+
+
 def test_summary_compares_against_the_faster_flex_mode_per_op():
     stat = lambda ms: bench.summarize([ms])
     rows = [{"peer": "ours", "fwd": stat(1.0), "bwd": stat(2.0), "process_s": 12.0},
