@@ -4,7 +4,8 @@
 Inline PTX needs every accumulator register spelled out as an operand (32 to 128 of them), which is
 unreadable by hand and easy to get wrong, so the wrappers are generated. Run from the repo root:
 
-    python3 dev/gen_wgmma_ops.py        # rewrites kernels/cuda/wgmma_ops.cuh
+    python3 dev/gen_wgmma_ops.py            # rewrites kernels/cuda/wgmma_ops.cuh
+    python3 dev/gen_wgmma_ops.py --check    # exit 1 unless the file is what this script writes (CTest)
 
 Generated, for both element types (bf16, fp16: ElementType, kernels/cuda/attention_config.h), for
 N in (64, 128, 192, 256) and B transposed or not,
@@ -21,6 +22,7 @@ Also wgmma_rs<96, true, kElement>: the forward's O += P V at v head dim 96, whos
 columns of a V tile stored as 64-column blocks (FwdWgmmaConfig::kOutDimV).
 """
 import pathlib
+import sys
 
 SIZES = (64, 128, 192, 256)
 TYPES = (("bf16", "ElementType::bf16"), ("f16", "ElementType::fp16"))
@@ -98,9 +100,16 @@ def main():
         text += rs(96, True, ptx_type, element)
     text += "}  // namespace harness::kernels::cuda::device\n"
     path = pathlib.Path(__file__).resolve().parent.parent / "kernels" / "cuda" / "wgmma_ops.cuh"
+    if "--check" in sys.argv[1:]:
+        if path.read_text() != text:
+            print(f"{path} differs from what dev/gen_wgmma_ops.py writes: edit the script and rerun it")
+            return 1
+        print(f"{path} is the script's output")
+        return 0
     path.write_text(text)
     print(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
